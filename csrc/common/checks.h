@@ -1,0 +1,47 @@
+// Argument checks shared by every backend. Each error names the op, the argument and the value.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+namespace fusedops {
+
+// dim wrapped into [0, ndim); a 0-dim tensor counts as one dimension, as in torch.
+inline int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim) {
+  const int64_t n = ndim > 0 ? ndim : 1;
+  TORCH_CHECK_INDEX(dim >= -n && dim < n, "fusedops.", op, ": dim=", dim,
+                    " is out of range for a tensor with ", ndim, " dimension(s) (expected [", -n,
+                    ", ", n - 1, "])");
+  return dim < 0 ? dim + n : dim;
+}
+
+inline void check_floating(const char* op, const char* arg, const at::Tensor& t) {
+  const auto s = t.scalar_type();
+  TORCH_CHECK_TYPE(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble,
+                   "fusedops.", op, ": ", arg, " must be float32, float16, bfloat16 or float64, got ",
+                   s);
+}
+
+// `t` must match `ref` in shape, dtype and device (e.g. a gradient and the output it belongs to).
+inline void check_like(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
+                       const at::Tensor& ref) {
+  TORCH_CHECK(t.device() == ref.device(), "fusedops.", op, ": ", arg, " is on ", t.device(),
+              " but ", ref_arg, " is on ", ref.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), "fusedops.", op, ": ", arg, " has dtype ",
+                   t.scalar_type(), " but ", ref_arg, " has dtype ", ref.scalar_type());
+  TORCH_CHECK_VALUE(t.sizes() == ref.sizes(), "fusedops.", op, ": ", arg, " has shape ", t.sizes(),
+                    " but ", ref_arg, " has shape ", ref.sizes());
+}
+
+// Contiguous rows with `dim` last: a copy only when `dim` isn't already the contiguous last dim.
+inline at::Tensor to_rows(const at::Tensor& t, int64_t dim) {
+  return t.dim() == 0 ? t.reshape({1}) : t.movedim(dim, -1).contiguous();
+}
+
+// Inverse of to_rows: `rows` back in `like`'s shape, contiguous like torch's own output.
+inline at::Tensor from_rows(const at::Tensor& rows, int64_t dim, const at::Tensor& like) {
+  if (like.dim() == 0) return rows.reshape({});
+  return dim == like.dim() - 1 ? rows : rows.movedim(-1, dim).contiguous();
+}
+
+}  // namespace fusedops

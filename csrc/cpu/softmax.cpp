@@ -1,0 +1,155 @@
+// CPU softmax / log_softmax, forward and backward, over contiguous rows.
+// Rows are split across threads (at::parallel_for); within a row the math is at::vec SIMD in
+// fp32 (fp64 for double). fp16/bf16 rows are widened into a per-thread buffer first.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <type_traits>
+#include <vector>
+
+#include "common/softmax_host.h"
+
+namespace fusedops {
+namespace {
+
+template <typename T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// A row as acc_t: the tensor's own memory when T is acc_t, else a widened copy in `buf`.
+template <typename T>
+const acc_t<T>* widen(const T* row, int64_t cols, std::vector<acc_t<T>>& buf) {
+  if constexpr (std::is_same_v<T, acc_t<T>>) {
+    return row;
+  } else {
+    for (int64_t i = 0; i < cols; ++i) buf[i] = static_cast<acc_t<T>>(row[i]);
+    return buf.data();
+  }
+}
+
+// Where to write a row in acc_t; narrow() copies it out when that was a buffer.
+template <typename T>
+acc_t<T>* out_row(T* row, std::vector<acc_t<T>>& buf) {
+  if constexpr (std::is_same_v<T, acc_t<T>>) {
+    return row;
+  } else {
+    return buf.data();
+  }
+}
+
+template <typename T>
+void narrow(const acc_t<T>* src, T* row, int64_t cols) {
+  if constexpr (!std::is_same_v<T, acc_t<T>>) {
+    for (int64_t i = 0; i < cols; ++i) row[i] = static_cast<T>(src[i]);
+  }
+}
+
+// Rows per task: about 32K elements, so short rows don't drown in scheduling overhead.
+constexpr int64_t kGrainElems = 32768;
+
+template <typename F>
+void for_rows(int64_t rows, int64_t cols, const F& f) {
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, rows, grain, f);
+}
+
+template <typename T>
+void softmax_fwd_rows(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
+  using A = acc_t<T>;
+  using Vec = at::vec::Vectorized<A>;
+  for_rows(rows, cols, [&](int64_t begin, int64_t end) {
+    std::vector<A> xbuf(std::is_same_v<T, A> ? 0 : cols), ybuf(xbuf.size());
+    for (int64_t r = begin; r < end; ++r) {
+      const A* xr = widen(x + r * cols, cols, xbuf);
+      A* yr = out_row(y + r * cols, ybuf);
+      // at::vec::maximum propagates NaN, so a NaN row stays NaN as in torch.
+      const A max = at::vec::reduce_all<A>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); },
+                                           xr, cols);
+      const Vec vmax(max);
+      if (log) {
+        const A sum = at::vec::map_reduce_all<A>(
+            [&](Vec v) { return (v - vmax).exp_u20(); }, [](Vec a, Vec b) { return a + b; }, xr,
+            cols);
+        const Vec shift(max + std::log(sum));
+        at::vec::map([&](Vec v) { return v - shift; }, yr, xr, cols);
+      } else {
+        at::vec::map([&](Vec v) { return (v - vmax).exp_u20(); }, yr, xr, cols);
+        const A sum =
+            at::vec::reduce_all<A>([](Vec& a, Vec& b) { return a + b; }, yr, cols);
+        const Vec inv(A(1) / sum);
+        at::vec::map([&](Vec v) { return v * inv; }, yr, yr, cols);
+      }
+      narrow<T>(yr, y + r * cols, cols);
+    }
+  });
+}
+
+// softmax:     dx = y * (dy - sum(dy * y))
+// log_softmax: dx = dy - exp(y) * sum(dy)
+template <typename T>
+void softmax_bwd_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log) {
+  using A = acc_t<T>;
+  using Vec = at::vec::Vectorized<A>;
+  for_rows(rows, cols, [&](int64_t begin, int64_t end) {
+    const size_t n = std::is_same_v<T, A> ? 0 : cols;
+    std::vector<A> dybuf(n), ybuf(n), dxbuf(n);
+    for (int64_t r = begin; r < end; ++r) {
+      const A* dyr = widen(dy + r * cols, cols, dybuf);
+      const A* yr = widen(y + r * cols, cols, ybuf);
+      A* dxr = out_row(dx + r * cols, dxbuf);
+      if (log) {
+        const Vec sum(at::vec::reduce_all<A>([](Vec& a, Vec& b) { return a + b; }, dyr, cols));
+        at::vec::map2([&](Vec g, Vec o) { return g - o.exp() * sum; }, dxr, dyr, yr, cols);
+      } else {
+        const Vec dot(at::vec::map2_reduce_all<A>([](Vec g, Vec o) { return g * o; },
+                                                  [](Vec a, Vec b) { return a + b; }, dyr, yr,
+                                                  cols));
+        at::vec::map2([&](Vec g, Vec o) { return o * (g - dot); }, dxr, dyr, yr, cols);
+      }
+      narrow<T>(dxr, dx + r * cols, cols);
+    }
+  });
+}
+
+at::Tensor softmax_fwd_cpu(const at::Tensor& input, int64_t dim, bool log) {
+  const auto p = check_softmax_fwd(input, dim);
+  const at::Tensor x = to_rows(input, p.dim);
+  at::Tensor y = at::empty_like(x);
+  if (p.rows > 0) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "softmax_fwd_cpu",
+                                    [&] {
+                                      softmax_fwd_rows(x.const_data_ptr<scalar_t>(),
+                                                       y.mutable_data_ptr<scalar_t>(), p.rows,
+                                                       p.cols, log);
+                                    });
+  }
+  return from_rows(y, p.dim, input);
+}
+
+at::Tensor softmax_bwd_cpu(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                           bool log) {
+  const auto p = check_softmax_bwd(grad_output, output, dim);
+  const at::Tensor dy = to_rows(grad_output, p.dim);
+  const at::Tensor y = to_rows(output, p.dim);
+  at::Tensor dx = at::empty_like(y);
+  if (p.rows > 0) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, y.scalar_type(), "softmax_bwd_cpu", [&] {
+          softmax_bwd_rows(dy.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(),
+                           dx.mutable_data_ptr<scalar_t>(), p.rows, p.cols, log);
+        });
+  }
+  return from_rows(dx, p.dim, output);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusedops, CPU, m) {
+  m.impl("softmax_fwd", &softmax_fwd_cpu);
+  m.impl("softmax_bwd", &softmax_bwd_cpu);
+}
+
+}  // namespace fusedops

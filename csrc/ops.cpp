@@ -1,0 +1,36 @@
+// The one place where fusedops' operator schemas live. Backends add kernels with
+// TORCH_LIBRARY_IMPL in their own files; fusedops/_ops.py registers the fake kernels.
+#include <torch/library.h>
+#include <torch/version.h>
+
+#include <string>
+
+#ifdef FUSEDOPS_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#define FUSEDOPS_STR2(x) #x
+#define FUSEDOPS_STR(x) FUSEDOPS_STR2(x)
+
+namespace fusedops {
+
+// "key=value;..." describing this build; parsed by fusedops.build_info().
+std::string build_info() {
+  std::string info = "torch=" FUSEDOPS_STR(TORCH_VERSION_MAJOR) "." FUSEDOPS_STR(
+      TORCH_VERSION_MINOR) "." FUSEDOPS_STR(TORCH_VERSION_PATCH);
+#ifdef FUSEDOPS_WITH_CUDA
+  info += ";cuda=" + std::to_string(CUDART_VERSION / 1000) + "." +
+          std::to_string(CUDART_VERSION % 1000 / 10);
+  info += ";cuda_archs=" FUSEDOPS_STR(FUSEDOPS_CUDA_ARCHS);
+#endif
+  return info;
+}
+
+TORCH_LIBRARY(fusedops, m) {
+  // softmax (log=false) or log_softmax (log=true) along `dim`.
+  m.def("softmax_fwd(Tensor input, int dim, bool log) -> Tensor");
+  m.def("softmax_bwd(Tensor grad_output, Tensor output, int dim, bool log) -> Tensor");
+  m.def("build_info() -> str", &build_info);
+}
+
+}  // namespace fusedops

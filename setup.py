@@ -1,0 +1,162 @@
+"""Builds fusedops._C: CPU kernels always, CUDA kernels when torch has CUDA and nvcc is found.
+
+Environment switches:
+  FUSEDOPS_CUDA=0/1     0: CPU only. 1: CUDA required (fail loudly). Unset: CUDA when possible.
+  TORCH_CUDA_ARCH_LIST  e.g. "8.7;9.0". Unset: the local GPU's arch, or 8.7;9.0 with no GPU.
+  MAX_JOBS              parallel compile jobs (lower it on 8 GB Jetsons: MAX_JOBS=2).
+  CUDA_HOME             the toolkit; when unset or wrong, the toolkit of the nvcc on PATH.
+"""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from setuptools import setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_ARCHS = "8.7;9.0"  # Jetson Orin, H100/H200
+ARCH_NOTE = "Thor is 11.0; CUDA 13 no longer builds 7.2 (Xavier)"
+
+
+def log(msg):
+    print(f"fusedops setup: {msg}", file=sys.stderr)
+
+
+def is_toolkit(path):
+    return bool(path) and os.path.isfile(os.path.join(path, "bin", "nvcc"))
+
+
+def toolkit_of_nvcc_on_path():
+    """The toolkit behind the nvcc on PATH, also when that nvcc is a wrapper script."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    try:
+        probe = os.path.join(ROOT, "build", "probe.cu")
+        os.makedirs(os.path.dirname(probe), exist_ok=True)
+        open(probe, "w").close()
+        out = subprocess.run(
+            [nvcc, "--dryrun", "-c", probe, "-o", os.devnull],
+            capture_output=True, text=True, timeout=60,
+        ).stderr
+        top = re.search(r"^#\$ TOP=(.*)$", out, re.M)
+        if top and is_toolkit(os.path.normpath(top.group(1).strip())):
+            return os.path.normpath(top.group(1).strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    parent = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    return parent if is_toolkit(parent) else None
+
+
+def resolve_cuda_home():
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        path = os.environ.get(var)
+        if is_toolkit(path):
+            return path
+        if path:
+            log(f"{var}={path} holds no bin/nvcc; looking for the nvcc on PATH")
+    for path in (toolkit_of_nvcc_on_path(), "/usr/local/cuda"):
+        if is_toolkit(path):
+            return path
+    return None
+
+
+def pip_cuda_include_dirs():
+    """Headers (cusparse.h, cublasLt.h, ...) that only pip's nvidia packages may provide."""
+    dirs = []
+    for site in sys.path:
+        dirs += glob.glob(os.path.join(site, "nvidia", "cu13", "include"))
+        dirs += glob.glob(os.path.join(site, "nvidia", "*", "include"))
+    return list(dict.fromkeys(d for d in dirs if os.path.isdir(d)))
+
+
+def want_cuda(torch, cuda_home):
+    flag = os.environ.get("FUSEDOPS_CUDA", "").strip()
+    if flag == "0":
+        return False
+    reasons = []
+    if torch.version.cuda is None:
+        reasons.append(f"torch {torch.__version__} was built without CUDA")
+    if cuda_home is None:
+        reasons.append("no CUDA toolkit found (set CUDA_HOME or put nvcc on PATH)")
+    if not reasons:
+        return True
+    if flag == "1":
+        raise RuntimeError("FUSEDOPS_CUDA=1 but CUDA can't be built: " + "; ".join(reasons))
+    log("building CPU only: " + "; ".join(reasons))
+    return False
+
+
+def cuda_arch_list(torch):
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if not archs:
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            archs = f"{major}.{minor}"
+        else:
+            archs = DEFAULT_ARCHS
+        os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    log(f"CUDA archs {archs} ({ARCH_NOTE})")
+    return archs
+
+
+def default_max_jobs():
+    """Each nvcc job can take 2+ GB: on small-memory boards, don't let ninja use every core."""
+    if "MAX_JOBS" in os.environ:
+        return
+    try:
+        mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        return
+    jobs = max(1, min(os.cpu_count() or 1, int(mem_gb // 3)))
+    os.environ["MAX_JOBS"] = str(jobs)
+
+
+def extensions():
+    cuda_home = resolve_cuda_home()
+    if cuda_home:
+        os.environ["CUDA_HOME"] = cuda_home  # read once when cpp_extension is imported
+    import torch
+    from torch.utils import cpp_extension
+
+    default_max_jobs()
+    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
+    cxx = ["-O3"]  # torch picks the C++ standard its headers need
+    macros = [("Py_LIMITED_API", "0x030a0000")]
+    if not want_cuda(torch, cuda_home):
+        return [cpp_extension.CppExtension(
+            "fusedops._C", sources, include_dirs=[os.path.join(ROOT, "csrc")],
+            extra_compile_args={"cxx": cxx}, define_macros=macros, py_limited_api=True)]
+
+    archs = cuda_arch_list(torch)
+    sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
+    toolkit_include = os.path.join(cuda_home, "include")
+    for d in pip_cuda_include_dirs():
+        # After the toolkit's own headers, so a mismatched pip copy never shadows them.
+        if d != toolkit_include:
+            cxx += ["-idirafter", d]
+    # Stringified in C++ (build_info): no quotes or ';' survive the shell that ninja runs.
+    macros += [("FUSEDOPS_WITH_CUDA", None),
+               ("FUSEDOPS_CUDA_ARCHS", re.sub(r"[;\s]+", "-", archs.strip()))]
+    nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+    return [cpp_extension.CUDAExtension(
+        "fusedops._C", sources, include_dirs=[os.path.join(ROOT, "csrc")],
+        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+        define_macros=macros, py_limited_api=True)]
+
+
+def main():
+    from torch.utils.cpp_extension import BuildExtension
+
+    setup(
+        ext_modules=extensions(),
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+        options={"bdist_wheel": {"py_limited_api": "cp310"}},
+    )
+
+
+if __name__ == "__main__":
+    main()
