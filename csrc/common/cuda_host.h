@@ -1,0 +1,45 @@
+// Host-side glue between ATen and the torch-free kernel files: the current device's
+// DeviceInfo, and the CUDA type behind each ATen scalar type.
+#pragma once
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/device_info.h"
+
+namespace fusedops {
+
+inline DeviceInfo current_device_info() {
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  return {prop->multiProcessorCount, prop->major, static_cast<int>(prop->sharedMemPerBlockOptin)};
+}
+
+// cuda_t<at::BFloat16> is __nv_bfloat16: same bits, the type kernel files use.
+template <typename T>
+struct CudaType {
+  using type = T;
+};
+template <>
+struct CudaType<at::Half> {
+  using type = __half;
+};
+template <>
+struct CudaType<at::BFloat16> {
+  using type = __nv_bfloat16;
+};
+template <typename T>
+using cuda_t = typename CudaType<T>::type;
+
+template <typename T>
+const cuda_t<T>* cuda_ptr(const at::Tensor& t) {
+  return reinterpret_cast<const cuda_t<T>*>(t.const_data_ptr<T>());
+}
+template <typename T>
+cuda_t<T>* cuda_mut_ptr(at::Tensor& t) {
+  return reinterpret_cast<cuda_t<T>*>(t.mutable_data_ptr<T>());
+}
+
+}  // namespace fusedops
