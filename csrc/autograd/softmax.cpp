@@ -1,6 +1,6 @@
-// Autograd for fusedops ops, registered in C++ so that a call costs one dispatcher trip and no
-// Python (torchvision's pattern): the forward redispatches below the Autograd key to the
-// device kernel and saves what the backward needs.
+// Autograd for softmax / log_softmax, registered in C++ so that a call costs one dispatcher
+// trip and no Python (torchvision's pattern): the forward redispatches below the Autograd key
+// to the device kernel and saves what the backward needs.
 #include <ATen/TensorOperators.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
