@@ -123,7 +123,7 @@ def extensions():
     from torch.utils import cpp_extension
 
     default_max_jobs()
-    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/autograd/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
+    sources = sorted(sum((glob.glob(f"csrc/{d}*.cpp") for d in ("", "autograd/", "cpu/")), []))
     cxx = ["-O3"]  # torch picks the C++ standard its headers need
     macros = [("Py_LIMITED_API", "0x030a0000")]
     if not want_cuda(torch, cuda_home):
