@@ -25,6 +25,7 @@ namespace softmax_rows {
 constexpr int kWarpTierBlockThreads = 128;
 constexpr int kWarpTierMaxPacks = 4;  // packs per lane before a row moves to the block tier
 constexpr int kBlockTargetThreads = 512;
+constexpr int kTargetPacks = 4;
 constexpr int kBlockMaxThreads = 1024;
 constexpr int kMaxClusterRanks = 8;  // the portable cluster size
 constexpr int kOnlineThreads = 512;
@@ -285,13 +286,15 @@ inline Plan plan(int64_t npacks, int vec, int items_max, const DeviceInfo& dev) 
   if (npacks <= 32 * std::min(kWarpTierMaxPacks, max_packs)) {
     return {Tier::kWarp, 32, next_pow2(ceil_div(npacks, 32)), kWarpTierBlockThreads, 1};
   }
-  // Prefer <= 512 threads per CTA (two CTAs per SM overlap one's reduction with the other's
-  // loads), splitting long rows over a cluster; then up to 1024 threads.
+  // Several packs per thread keep loads in flight (kTargetPacks, more only when needed); <= 512
+  // threads per CTA let two CTAs share an SM, one reducing while the other loads. Longer rows
+  // split over a cluster first, and only then do CTAs grow to 1024 threads.
   const int max_ranks = dev.has_clusters() ? kMaxClusterRanks : 1;
   for (int threads_cap : {kBlockTargetThreads, kBlockMaxThreads}) {
     for (int ranks = 1; ranks <= max_ranks; ranks *= 2) {
       const int64_t per_rank = ceil_div(npacks, ranks);
-      const int packs = next_pow2(ceil_div(per_rank, threads_cap));
+      const int packs = std::max(std::min(kTargetPacks, max_packs),
+                                 next_pow2(ceil_div(per_rank, threads_cap)));
       if (packs > max_packs) continue;
       const int threads = int(ceil_div(ceil_div(per_rank, packs), 32) * 32);
       return {Tier::kBlock, 0, packs, threads, ranks};
