@@ -73,8 +73,8 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
         const A sum = at::vec::map_reduce_all<A>(
             [&](Vec v) { return (v - vmax).exp_u20(); }, [](Vec a, Vec b) { return a + b; }, xr,
             cols);
-        const Vec shift(max + std::log(sum));
-        at::vec::map([&](Vec v) { return v - shift; }, yr, xr, cols);
+        const Vec log_sum(std::log(sum));  // (x - max) - log(sum): max + log(sum) loses digits
+        at::vec::map([&](Vec v) { return (v - vmax) - log_sum; }, yr, xr, cols);
       } else {
         at::vec::map([&](Vec v) { return (v - vmax).exp_u20(); }, yr, xr, cols);
         const A sum =

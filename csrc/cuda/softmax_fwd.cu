@@ -35,14 +35,14 @@ __global__ void __launch_bounds__(kOnlineThreads)
       stat = MaxSumOp()(stat, MaxSum<A>{m, s});
     }
     stat = block_allreduce(stat, MaxSumOp(), scratch);
-    const A shift = stat.m + acc_log(stat.s), inv = A(1) / stat.s;
+    const A log_sum = acc_log(stat.s), inv = A(1) / stat.s;
     for (int64_t p = threadIdx.x; p < npacks; p += blockDim.x) {
       const Pack<T, VEC> in = load_pack<T, VEC>(xr + p * VEC);
       Pack<T, VEC> out;
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         const A v = to_acc(in.v[k]);
-        out.v[k] = from_acc<T>(log ? v - shift : acc_exp(v - stat.m) * inv);
+        out.v[k] = from_acc<T>(log ? (v - stat.m) - log_sum : acc_exp(v - stat.m) * inv);
       }
       store_pack<T, VEC>(yr + p * VEC, out);
     }

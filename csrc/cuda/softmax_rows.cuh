@@ -115,8 +115,7 @@ struct SoftmaxFwd {
 
     __device__ __forceinline__ void store(const Args& a, int64_t offset, int g, int G, int npacks,
                                           bool valid, Stat row) const {
-      const float shift = row.m + logf(row.s);  // log_softmax: x - max - log(sum)
-      const float inv = 1.f / row.s;
+      const float log_sum = logf(row.s), inv = 1.f / row.s;
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
         const int p = j * G + g;
@@ -125,7 +124,7 @@ struct SoftmaxFwd {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float v = to_acc(x[j].v[k]);
-          out[k] = a.log ? v - shift : exp2f((v - row.m) * kLog2e) * inv;
+          out[k] = a.log ? (v - row.m) - log_sum : exp2f((v - row.m) * kLog2e) * inv;
         }
         store_pack<T, VEC>(a.y + offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
       }
