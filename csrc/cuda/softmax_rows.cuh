@@ -31,10 +31,15 @@ constexpr int kMaxClusterRanks = 8;  // the portable cluster size
 constexpr int kOnlineThreads = 512;
 constexpr int kRowRegisterWords = 32;  // 32-bit registers per thread for row data
 constexpr int kMaxPacks = 8;           // per thread; more spills under the 64-register cap
-// exp(d) = exp2(d * log2(e)) for d = x - max <= 0: one FMUL and one MUFU.EX2, a few ulp.
-constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float acc_exp(float v) { return expf(v); }
+// exp(v) = 2^(v * log2(e)) in one MUFU.EX2: ex2.approx.ftz is within ~2 ulp, maps -inf to 0,
+// +inf to inf and NaN to NaN, and flushes results below 2^-126 to 0. expf / exp2f without
+// fast-math cost several times more, enough to make the forward compute-bound.
+__device__ __forceinline__ float acc_exp(float v) {
+  float out;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(v * 1.4426950408889634f));
+  return out;
+}
 __device__ __forceinline__ double acc_exp(double v) { return exp(v); }
 __device__ __forceinline__ float acc_log(float v) { return logf(v); }
 __device__ __forceinline__ double acc_log(double v) { return log(v); }
@@ -108,7 +113,7 @@ struct SoftmaxFwd {
       for (int j = 0; j < PACKS; ++j) {
         if (!valid || j * G + g >= npacks) continue;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) s += exp2f((to_acc(x[j].v[k]) - ref) * kLog2e);
+        for (int k = 0; k < VEC; ++k) s += acc_exp(to_acc(x[j].v[k]) - ref);
       }
       return {m, s};
     }
@@ -124,7 +129,7 @@ struct SoftmaxFwd {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float v = to_acc(x[j].v[k]);
-          out[k] = a.log ? (v - row.m) - log_sum : exp2f((v - row.m) * kLog2e) * inv;
+          out[k] = a.log ? (v - row.m) - log_sum : acc_exp(v - row.m) * inv;
         }
         store_pack<T, VEC>(a.y + offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
       }
@@ -185,7 +190,7 @@ struct SoftmaxBwd {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float yk = to_acc(y[j].v[k]), dyk = to_acc(dy[j].v[k]);
-          out[k] = a.log ? dyk - expf(yk) * s : yk * (dyk - s);
+          out[k] = a.log ? dyk - acc_exp(yk) * s : yk * (dyk - s);
         }
         store_pack<T, VEC>(a.dx + offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
       }
