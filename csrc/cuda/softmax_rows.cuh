@@ -235,12 +235,12 @@ __global__ void __launch_bounds__(kBlockMaxThreads)
   cg::cluster_group cluster = cg::this_cluster();
   const int ranks = int(cluster.num_blocks());
   const int rank = int(cluster.block_rank());
+  int parity = 0;
 #else
   constexpr int ranks = 1, rank = 0;
 #endif
   const int g = rank * blockDim.x + threadIdx.x, G = ranks * blockDim.x;
   const int64_t cols = int64_t(npacks) * VEC;
-  int parity = 0;
   for (int64_t r = blockIdx.x / ranks; r < rows; r += gridDim.x / ranks) {
     typename Policy::template Row<VEC, PACKS> row;
     Stat stat = block_allreduce(row.load(args, r * cols, g, G, npacks, true), Op(), scratch);
