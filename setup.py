@@ -40,7 +40,9 @@ def toolkit_of_nvcc_on_path():
         open(probe, "w").close()
         out = subprocess.run(
             [nvcc, "--dryrun", "-c", probe, "-o", os.devnull],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         ).stderr
         top = re.search(r"^#\$ TOP=(.*)$", out, re.M)
         if top and is_toolkit(os.path.normpath(top.group(1).strip())):
@@ -127,9 +129,16 @@ def extensions():
     cxx = ["-O3"]  # torch picks the C++ standard its headers need
     macros = []
     if not want_cuda(torch, cuda_home):
-        return [cpp_extension.CppExtension(
-            "fusedops._C", sources, include_dirs=[os.path.join(ROOT, "csrc")],
-            extra_compile_args={"cxx": cxx}, define_macros=macros, py_limited_api=True)]
+        return [
+            cpp_extension.CppExtension(
+                "fusedops._C",
+                sources,
+                include_dirs=[os.path.join(ROOT, "csrc")],
+                extra_compile_args={"cxx": cxx},
+                define_macros=macros,
+                py_limited_api=True,
+            )
+        ]
 
     archs = cuda_arch_list(torch)
     sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
@@ -139,13 +148,21 @@ def extensions():
         if d != toolkit_include:
             cxx += ["-idirafter", d]
     # Stringified in C++ (build_info): no quotes or ';' survive the shell that ninja runs.
-    macros += [("FUSEDOPS_WITH_CUDA", None),
-               ("FUSEDOPS_CUDA_ARCHS", re.sub(r"[;\s]+", "-", archs.strip()))]
+    macros += [
+        ("FUSEDOPS_WITH_CUDA", None),
+        ("FUSEDOPS_CUDA_ARCHS", re.sub(r"[;\s]+", "-", archs.strip())),
+    ]
     nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
-    return [cpp_extension.CUDAExtension(
-        "fusedops._C", sources, include_dirs=[os.path.join(ROOT, "csrc")],
-        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
-        define_macros=macros, py_limited_api=True)]
+    return [
+        cpp_extension.CUDAExtension(
+            "fusedops._C",
+            sources,
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+            define_macros=macros,
+            py_limited_api=True,
+        )
+    ]
 
 
 def main():

@@ -29,8 +29,7 @@ at::Tensor softmax_bwd_op(const at::Tensor& grad_output, const at::Tensor& outpu
 
 class SoftmaxFunction : public torch::autograd::Function<SoftmaxFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t dim,
-                            bool log) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, int64_t dim, bool log) {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::Tensor output = softmax_fwd_op(input, dim, log);
     ctx->save_for_backward({output});

@@ -18,8 +18,8 @@ inline int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim) {
 inline void check_floating(const char* op, const char* arg, const at::Tensor& t) {
   const auto s = t.scalar_type();
   TORCH_CHECK_TYPE(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble,
-                   "fusedops.", op, ": ", arg, " must be float32, float16, bfloat16 or float64, got ",
-                   s);
+                   "fusedops.", op, ": ", arg,
+                   " must be float32, float16, bfloat16 or float64, got ", s);
 }
 
 // `t` must match `ref` in shape, dtype and device (e.g. a gradient and the output it belongs to).

@@ -208,8 +208,8 @@ __global__ void __launch_bounds__(kWarpTierBlockThreads)
   constexpr int kRowsPerWarp = 32 / LANES;
   const int lane = threadIdx.x % LANES;
   const int64_t cols = int64_t(npacks) * VEC;
-  const int64_t first = (int64_t(blockIdx.x) * (kWarpTierBlockThreads / 32) + threadIdx.x / 32) *
-                        kRowsPerWarp;
+  const int64_t first =
+      (int64_t(blockIdx.x) * (kWarpTierBlockThreads / 32) + threadIdx.x / 32) * kRowsPerWarp;
   const int64_t stride = int64_t(gridDim.x) * kWarpTierBlockThreads / LANES;
   for (int64_t base = first; base < rows; base += stride) {
     const int64_t r = base + (threadIdx.x % 32) / LANES;
@@ -297,8 +297,8 @@ inline Plan plan(int64_t npacks, int vec, int items_max, const DeviceInfo& dev) 
   for (int threads_cap : {kBlockTargetThreads, kBlockMaxThreads}) {
     for (int ranks = 1; ranks <= max_ranks; ranks *= 2) {
       const int64_t per_rank = ceil_div(npacks, ranks);
-      const int packs = std::max(std::min(kTargetPacks, max_packs),
-                                 next_pow2(ceil_div(per_rank, threads_cap)));
+      const int packs =
+          std::max(std::min(kTargetPacks, max_packs), next_pow2(ceil_div(per_rank, threads_cap)));
       if (packs > max_packs) continue;
       const int threads = int(ceil_div(ceil_div(per_rank, packs), 32) * 32);
       return {Tier::kBlock, 0, packs, threads, ranks};
@@ -355,8 +355,8 @@ bool launch_register_tiers(const typename Policy::Args& args, int64_t rows, int6
       return dispatch_int<1, 2, 4, 8, 16, 32>(
           p.lanes, [&](auto lanes) { go(lanes, std::integral_constant<int, 1>{}); });
     }
-    return dispatch_int<2, 4>(
-        p.packs, [&](auto packs) { go(std::integral_constant<int, 32>{}, packs); });
+    return dispatch_int<2, 4>(p.packs,
+                              [&](auto packs) { go(std::integral_constant<int, 32>{}, packs); });
   }
   if (p.tier == Tier::kBlock) {
     auto go = [&](auto packs) {
