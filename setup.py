@@ -9,6 +9,7 @@ Environment switches:
 
 import glob
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -117,6 +118,22 @@ def default_max_jobs():
     os.environ["MAX_JOBS"] = str(jobs)
 
 
+def cpu_simd_flags():
+    """ATen's at::vec picks its SIMD code from CPU_CAPABILITY_* macros; without them an x86
+    build gets the scalar fallback. The machine that builds fusedops runs it (an editable
+    install), so use AVX2 when it has AVX2. aarch64 builds get NEON from at::vec by default."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    try:
+        with open("/proc/cpuinfo") as f:
+            has_avx2 = " avx2" in f.read()
+    except OSError:
+        return []
+    if not has_avx2:
+        return []
+    return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
+
+
 def extensions():
     cuda_home = resolve_cuda_home()
     if cuda_home:
@@ -126,7 +143,7 @@ def extensions():
 
     default_max_jobs()
     sources = sorted(sum((glob.glob(f"csrc/{d}*.cpp") for d in ("", "autograd/", "cpu/")), []))
-    cxx = ["-O3"]  # torch picks the C++ standard its headers need
+    cxx = ["-O3", *cpu_simd_flags()]  # torch picks the C++ standard its headers need
     macros = []
     if not want_cuda(torch, cuda_home):
         return [
