@@ -65,17 +65,17 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
     for (int64_t r = begin; r < end; ++r) {
       const A* xr = widen(x + r * cols, cols, xbuf);
       A* yr = out_row(y + r * cols, ybuf);
-      // at::vec::maximum propagates NaN, so a NaN row stays NaN as in torch.
+      // at::vec::maximum and exp() propagate NaN (exp_u20 does not), so NaN rows stay NaN.
       const A max =
           at::vec::reduce_all<A>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, xr, cols);
       const Vec vmax(max);
       if (log) {
-        const A sum = at::vec::map_reduce_all<A>([&](Vec v) { return (v - vmax).exp_u20(); },
+        const A sum = at::vec::map_reduce_all<A>([&](Vec v) { return (v - vmax).exp(); },
                                                  [](Vec a, Vec b) { return a + b; }, xr, cols);
         const Vec log_sum(std::log(sum));  // (x - max) - log(sum): max + log(sum) loses digits
         at::vec::map([&](Vec v) { return (v - vmax) - log_sum; }, yr, xr, cols);
       } else {
-        at::vec::map([&](Vec v) { return (v - vmax).exp_u20(); }, yr, xr, cols);
+        at::vec::map([&](Vec v) { return (v - vmax).exp(); }, yr, xr, cols);
         const A sum = at::vec::reduce_all<A>([](Vec& a, Vec& b) { return a + b; }, yr, cols);
         const Vec inv(A(1) / sum);
         at::vec::map([&](Vec v) { return v * inv; }, yr, yr, cols);
