@@ -38,8 +38,10 @@ def _norm_rows(op: str, input, normalized_shape) -> int:
     )
     torch._check(
         input.dim() >= k and tuple(input.shape[input.dim() - k :]) == tuple(normalized_shape),
-        lambda: f"fusedops.{op}: normalized_shape={list(normalized_shape)} does not match the "
-        f"trailing dimensions of input of shape {list(input.shape)}",
+        lambda: (
+            f"fusedops.{op}: normalized_shape={list(normalized_shape)} does not match the "
+            f"trailing dimensions of input of shape {list(input.shape)}"
+        ),
     )
     return input.dim() - k
 
