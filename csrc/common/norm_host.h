@@ -76,6 +76,12 @@ inline at::Tensor norm_stat_empty(const at::Tensor& input, const NormProblem& p)
                    input.options().dtype(norm_stat_dtype(input)));
 }
 
+// Statistics of rows with no elements, as torch's layer_norm gives them: mean 0, rstd NaN.
+inline void fill_empty_row_stats(at::Tensor& mean, at::Tensor& rstd) {
+  if (mean.defined()) mean.zero_();
+  rstd.fill_(std::numeric_limits<double>::quiet_NaN());
+}
+
 inline void check_norm_stat(const char* op, const char* arg, const at::Tensor& stat,
                             const at::Tensor& input, const NormProblem& p) {
   TORCH_CHECK(stat.device() == input.device(), "fusedops.", op, ": ", arg, " is on ",

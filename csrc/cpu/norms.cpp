@@ -238,6 +238,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(
   at::Tensor mean = kRms ? at::Tensor() : norm_stat_empty(input, p);
   at::Tensor rstd = norm_stat_empty(input, p);
   if (p.rows == 0) return {out, mean, rstd};
+  if (p.cols == 0) {
+    fill_empty_row_stats(mean, rstd);
+    return {out, mean, rstd};
+  }
   const at::ScalarType acc = norm_stat_dtype(input);
   const at::Tensor w = param_acc(weight, acc), b = param_acc(bias, acc);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "norm_fwd_cpu", [&] {
