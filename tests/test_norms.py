@@ -133,8 +133,10 @@ def test_multi_dim_shape_and_eps(device, op):
     _check(op, x, (4, 5), w, b, 1e-3)
     _check(op, x, [3, 4, 5], None, None, 0.1)
     # normalized_shape as an int
-    torch.testing.assert_close(_call(_fused(op), op, x, 5, None, None, 1e-5),
-                               _call(_torch(op), op, x, (5,), None, None, 1e-5))
+    torch.testing.assert_close(
+        _call(_fused(op), op, x, 5, None, None, 1e-5),
+        _call(_torch(op), op, x, (5,), None, None, 1e-5),
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -145,8 +147,14 @@ def test_non_contiguous(device, op):
     _check(op, base.permute(2, 1, 0), [64], w, b, 1e-5)  # transposed
     _check(op, base[:, ::2, 1].t(), [64], w, b, 1e-5)  # strided
     wide = torch.randn(8, 130, device=device)
-    _check(op, wide[:, 1:129], [128], w.repeat(2) if w is not None else None,
-           b.repeat(2) if b is not None else None, 1e-5)  # offset rows
+    _check(
+        op,
+        wide[:, 1:129],
+        [128],
+        w.repeat(2) if w is not None else None,
+        b.repeat(2) if b is not None else None,
+        1e-5,
+    )  # offset rows
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -198,8 +206,9 @@ def test_opcheck_forward(device, requires_grad, op):
     fn, args = _fwd_args(op, requires_grad, device)
     torch.library.opcheck(fn, args)
     x = torch.randn(3, 5, 8, device=device, requires_grad=requires_grad)
-    torch.library.opcheck(fn, (x, [5, 8], None, None, 1e-5) if op == "layer_norm" else
-                          (x, [5, 8], None, 1e-6))
+    torch.library.opcheck(
+        fn, (x, [5, 8], None, None, 1e-5) if op == "layer_norm" else (x, [5, 8], None, 1e-6)
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -211,8 +220,9 @@ def test_opcheck_backward(device, op):
     if op == "layer_norm":
         _, mean, rstd = fn(*args)
         for mask in ([True, True, True], [True, False, False], [False, True, True]):
-            torch.library.opcheck(ops.layer_norm_bwd.default,
-                                  (dy, x, shape, mean, rstd, w, args[3], mask))
+            torch.library.opcheck(
+                ops.layer_norm_bwd.default, (dy, x, shape, mean, rstd, w, args[3], mask)
+            )
     else:
         _, rstd = fn(*args)
         for mask in ([True, True], [False, True], [True, False]):
@@ -225,8 +235,9 @@ def test_gradcheck_fp64(op):
     w = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     b = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     if op == "layer_norm":
-        assert torch.autograd.gradcheck(lambda x, w, b: fusedops.layer_norm(x, (3, 5), w, b),
-                                        (x, w, b))
+        assert torch.autograd.gradcheck(
+            lambda x, w, b: fusedops.layer_norm(x, (3, 5), w, b), (x, w, b)
+        )
         assert torch.autograd.gradcheck(lambda x: fusedops.layer_norm(x, (5,)), (x,))
     else:
         assert torch.autograd.gradcheck(lambda x, w: fusedops.rms_norm(x, (3, 5), w), (x, w))
@@ -281,8 +292,10 @@ def test_modules_match_torch_and_state_dicts(kind):
             back.load_state_dict(ours.state_dict())  # fusedops -> torch
             torch.testing.assert_close(back(x), theirs(x))
     m = ours_cls(8, dtype=torch.bfloat16)
-    assert m.weight.dtype == torch.bfloat16 and m(torch.randn(2, 8, dtype=torch.bfloat16)).dtype \
-        == torch.bfloat16
+    assert (
+        m.weight.dtype == torch.bfloat16
+        and m(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -321,8 +334,11 @@ def test_bad_inputs(op):
     if op == "layer_norm":
         with pytest.raises(ValueError, match=r"fusedops.layer_norm: bias has shape \[8, 1\]"):
             fn(x, [8], None, torch.randn(8, 1))
-        with pytest.raises(TypeError, match=r"fusedops.layer_norm: weight has dtype Float but "
-                                            r"bias has dtype BFloat16"):
+        with pytest.raises(
+            TypeError,
+            match=r"fusedops.layer_norm: weight has dtype Float but "
+            r"bias has dtype BFloat16",
+        ):
             fn(x.bfloat16(), [8], torch.randn(8), torch.randn(8).bfloat16())
 
 

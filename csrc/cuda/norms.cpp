@@ -39,9 +39,9 @@ void with_param_type(std::optional<at::ScalarType> w, F& f) {
 }
 
 template <typename F>
-void dispatch_norm(const char* op, at::ScalarType x, std::optional<at::ScalarType> w, F&& f) {
+void dispatch_norm(at::ScalarType x, std::optional<at::ScalarType> w, F&& f) {
   AT_DISPATCH_SWITCH(
-      x, op, AT_DISPATCH_CASE(at::ScalarType::Float, [&] { with_param_type<float>(w, f); })
+      x, "norm_cuda", AT_DISPATCH_CASE(at::ScalarType::Float, [&] { with_param_type<float>(w, f); })
                  AT_DISPATCH_CASE(at::ScalarType::Half, [&] { with_param_type<__half>(w, f); })
                      AT_DISPATCH_CASE(at::ScalarType::BFloat16,
                                       [&] { with_param_type<__nv_bfloat16>(w, f); }));
@@ -87,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda_impl(
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const DeviceInfo info = current_device_info();
-  dispatch_norm(op, x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
+  dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
     using T = std::remove_pointer_t<decltype(t_tag)>;
     using W = std::remove_pointer_t<decltype(w_tag)>;
     const NormFwdArgs<T, W> args{ptr_or_null<T>(x),        ptr_or_null<W>(w),
@@ -128,7 +128,7 @@ std::tuple<OptTensor, OptTensor, OptTensor> norm_bwd_cuda_impl(
   }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const DeviceInfo info = current_device_info();
-  dispatch_norm(op, x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
+  dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
     using T = std::remove_pointer_t<decltype(t_tag)>;
     using W = std::remove_pointer_t<decltype(w_tag)>;
     const NormBwdArgs<T, W> args{ptr_or_null<T>(dy),       ptr_or_null<T>(x),
