@@ -1,22 +1,25 @@
 // layer_norm / rms_norm forward and backward (kRms: rms_norm, i.e. mean 0 and no bias).
-// Ownership: each row belongs to a group of g consecutive threads, a warp (short rows, several
-// rows per block, no barriers) or a block; each thread holds its share of the row in registers
-// as kPacks packs of VEC elements (16-byte accesses when VEC = kVec16<T>): x is read once and y
-// written once. Rows too long for registers take a looping kernel that reads them twice (the
-// second time mostly from L2). Numerics: fp32 throughout; mean and variance in two passes over
-// the registers (per-pack Welford in the looping kernel). Backward: each block sums its rows'
-// dweight/dbias in registers and writes one fp32 partial row; norm_partials_kernel adds the
-// partial rows in a fixed order: deterministic, no float atomics.
-// Preconditions (checked by the launchers): rows, cols > 0; VEC > 1 only when cols % VEC == 0
-// and every row pointer is 16-byte aligned.
+// Ownership: each row belongs to a team of threads that holds it in registers, kPacks packs of
+// VEC elements per thread (16-byte accesses when VEC = kVec16<T>), so x is read once and y
+// written once: a warp (short rows, several per block, shuffles only), a block or part of one,
+// or the blocks of a cluster (sm_90+, partial sums exchanged through distributed shared memory).
+// Rows too long even for a cluster take looping kernels that read them twice, the second time
+// mostly from L2. Numerics: fp32 throughout; mean and variance in two passes over the registers
+// (Welford per pack in the looping kernel). Backward: each team sums its rows' dweight/dbias in
+// registers into one fp32 partial row; norm_partials_kernel adds the partial rows in a fixed
+// order: deterministic, no float atomics. Preconditions (the launchers check them): rows,
+// cols > 0; VEC > 1 only when cols % VEC == 0 and every pointer is 16-byte aligned.
 #include "cuda/norms_kernels.h"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
@@ -24,13 +27,16 @@
 namespace fusedops {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kWarp = 32;
-constexpr int kFwdMaxThreads = 512;     // forward block tier: 4 or 8 16-byte packs per thread,
+constexpr int kMaxClusterRanks = 8;     // the portable cluster size (forward)
+constexpr int kMaxBwdClusterRanks = 16; // backward, where the GPU allows this many (H100 does)
+constexpr int kFwdMaxThreads = 512;     // per block; forward teams hold 4 or 8 packs per thread,
 constexpr int kFwdScalars = 16;         // or 16 elements when rows aren't 16-byte aligned
 constexpr int kFwdWarpRowsPerBlock = 4;
-constexpr int kBwdElems = 16;           // elements per thread, backward register tiers
-constexpr int kBwdScalars = 8;          // ... when rows aren't 16-byte aligned
-constexpr int kBwdMaxThreads = 512;     // x, dy, dw and db accumulators: ~4 * kBwdElems registers
+constexpr int kBwdMaxThreads = 512;     // per block; backward teams hold 16 elements per thread
+constexpr int kBwdScalars = 8;          // (x, dy and two accumulators), 8 when rows aren't aligned
 constexpr int kLoopThreads = 512;
 constexpr int kLoopUnroll = 4;          // packs in flight per thread in the looping kernels
 constexpr int kPartSlices = 8;          // norm_partials_kernel: partial rows summed in 8 slices
@@ -64,21 +70,79 @@ struct WelfordOp {
   }
 };
 
-// All-reduce over a row's group of g consecutive threads (g a multiple of 32 dividing
-// blockDim.x). Block groups meet at barriers, so every thread of the block must call it.
-// scratch: 32 slots of shared memory. The order of additions is fixed: deterministic.
+// The threads that own one row: a warp (kWarpRow: several per block), a block or an equal part
+// of one (several per block for short rows), or all blocks of a cluster (sm_90+; the kernel was
+// launched with a cluster dimension). Thread t owns the packs at columns (p * g + t) * VEC.
+struct Team {
+  int g;          // threads in the team
+  int t;          // this thread's rank in it
+  int per_block;  // teams per block (1 for a cluster team)
+  int index;      // this thread's team within its block
+  int ranks;      // blocks per team: > 1 only for a cluster
+};
+
+template <bool kWarpRow>
+__device__ __forceinline__ Team make_team(int group) {
+  const int tid = threadIdx.x, threads = blockDim.x;
+  if constexpr (kWarpRow) {
+    return {kWarp, tid % kWarp, threads / kWarp, tid / kWarp, 1};
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const cg::cluster_group cluster = cg::this_cluster();
+    const int ranks = static_cast<int>(cluster.num_blocks());
+    if (ranks > 1) {
+      return {ranks * threads, static_cast<int>(cluster.block_rank()) * threads + tid, 1, 0, ranks};
+    }
+#endif
+    return {group, tid % group, threads / group, tid / group, 1};
+  }
+}
+
+// First row of this thread's team and the step between its rows. Every thread of a block runs
+// the same iterations (rows past the end idle), so the block's barriers stay matched.
+__device__ __forceinline__ int64_t team_first_row(const Team& team) {
+  return int64_t(blockIdx.x / team.ranks) * team.per_block;
+}
+__device__ __forceinline__ int64_t team_row_step(const Team& team) {
+  return int64_t(gridDim.x / team.ranks) * team.per_block;
+}
+
+// All-reduce over a team; every thread of the block (of the cluster) must call it. scratch: 32
+// slots of shared memory; exch: 2 slots, used by turns (`parity`) by a cluster's exchanges, so
+// one cluster barrier per exchange suffices: a block rewrites a slot only after the next
+// exchange's barrier, which every block reaches after reading the slot. The order of additions
+// is fixed: deterministic.
 template <bool kWarpRow, typename V, typename Op>
-__device__ __forceinline__ V row_allreduce(V v, Op op, V* scratch, int g) {
+__device__ __forceinline__ V team_allreduce(V v, Op op, const Team& team, V* scratch, V* exch,
+                                            int& parity) {
   v = group_allreduce<kWarp>(v, op);
   if constexpr (!kWarpRow) {
-    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, warps = g / kWarp;
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int warps = team.g / team.ranks / kWarp;  // this block's warps in the team
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     v = lane < warps ? scratch[warp / warps * warps + lane] : Op::template identity<V>();
     v = group_allreduce<kWarp>(v, op);
     __syncthreads();  // scratch is rewritten by the next reduction
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (team.ranks > 1) {
+      const cg::cluster_group cluster = cg::this_cluster();
+      if (threadIdx.x == 0) exch[parity] = v;
+      cluster.sync();
+      v = Op::template identity<V>();
+      for (int q = 0; q < team.ranks; ++q) v = op(v, *cluster.map_shared_rank(&exch[parity], q));
+      parity ^= 1;
+    }
+#endif
   }
   return v;
+}
+
+// A cluster team's blocks keep their shared memory until every block has read it.
+__device__ __forceinline__ void team_exit(const Team& team) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (team.ranks > 1) cg::this_cluster().sync();
+#endif
 }
 
 // VEC elements at p widened to fp32, moved in accesses of at most 16 bytes (an fp32 weight
@@ -97,12 +161,16 @@ __device__ __forceinline__ void load_f32(const S* p, float (&out)[VEC]) {
 template <int VEC, typename S>
 __device__ __forceinline__ void store_f32(S* p, const float (&in)[VEC]) {
   constexpr int kSub = VEC < kVec16<S> ? VEC : kVec16<S>;
+  if constexpr (kSub == VEC) {
+    store_pack<S, VEC>(p, pack_from_acc<S, VEC>(in));
+  } else {
 #pragma unroll
-  for (int s = 0; s < VEC; s += kSub) {
-    Pack<S, kSub> pk;
+    for (int s = 0; s < VEC; s += kSub) {
+      Pack<S, kSub> pk;
 #pragma unroll
-    for (int j = 0; j < kSub; ++j) pk.v[j] = from_acc<S>(in[s + j]);
-    store_pack<S, kSub>(p + s, pk);
+      for (int j = 0; j < kSub; ++j) pk.v[j] = from_acc<S>(in[s + j]);
+      store_pack<S, kSub>(p + s, pk);
+    }
   }
 }
 
@@ -127,19 +195,18 @@ __device__ __forceinline__ void normalize_pack(const float (&v)[VEC], float mu, 
   }
 }
 
-// Forward, row in registers: thread t of a g-thread group holds packs p = 0..kPacks-1 at
-// columns (p * g + t) * VEC, so each pack index is one coalesced sweep of the group. The packs
-// stay in T (half the registers for fp16/bf16) and are widened on each use.
+// Forward, row in registers. Each pack index p is one coalesced sweep of the team over the row.
+// The packs stay in T (half the registers for fp16/bf16) and are widened at each use.
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
 __global__ void __launch_bounds__(kFwdMaxThreads, 1)
-    norm_fwd_kernel(NormFwdArgs<T, W> a, int g) {
-  __shared__ float scratch[kWarp];
-  const int rows_per_block = blockDim.x / g, t = threadIdx.x % g;
+    norm_fwd_kernel(NormFwdArgs<T, W> a, int group) {
+  __shared__ float scratch[kWarp], exch[2];
+  const Team team = make_team<kWarpRow>(group);
+  const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
-  // Every thread runs the same iterations (the block's barriers); rows past the end idle.
-  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows;
-       base += int64_t(gridDim.x) * rows_per_block) {
-    const int64_t row = base + threadIdx.x / g;
+  int parity = 0;
+  for (int64_t base = team_first_row(team); base < a.rows; base += team_row_step(team)) {
+    const int64_t row = base + team.index;
     const bool valid = row < a.rows;
     Pack<T, VEC> x[kPacks];
 #pragma unroll
@@ -162,7 +229,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) s += v[j];
       }
-      mu = row_allreduce<kWarpRow>(s, SumOp(), scratch, g) / cols;
+      mu = team_allreduce<kWarpRow>(s, SumOp(), team, scratch, exch, parity) / cols;
     }
     float q = 0.f;
 #pragma unroll
@@ -174,7 +241,8 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1)
         for (int j = 0; j < VEC; ++j) q += (v[j] - mu) * (v[j] - mu);
       }
     }
-    const float rs = rsqrtf(row_allreduce<kWarpRow>(q, SumOp(), scratch, g) / cols + a.eps);
+    q = team_allreduce<kWarpRow>(q, SumOp(), team, scratch, exch, parity);
+    const float rs = rsqrtf(q / cols + a.eps);
     if (!valid) continue;  // after the last barrier of this iteration
     if (t == 0) {
       if constexpr (!kRms) a.mean[row] = mu;
@@ -191,6 +259,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1)
       }
     }
   }
+  team_exit(team);
 }
 
 // Forward for rows that don't fit in registers: a block per row; pass 1 accumulates the
@@ -260,8 +329,9 @@ __global__ void __launch_bounds__(kLoopThreads) norm_fwd_loop_kernel(NormFwdArgs
   }
 }
 
-// Where a backward kernel puts its block's dweight/dbias: row blockIdx.x of dw / db
-// ([gridDim.x, ld] fp32, either may be null). group: threads per data row.
+// Where a backward kernel puts its dweight/dbias partial sums: row blockIdx.x / (blocks per
+// team) of dw / db ([partial rows, ld] fp32; either may be null). group: threads per team when
+// a team doesn't span a cluster.
 struct PartialRows {
   float* dw;
   float* db;
@@ -269,23 +339,24 @@ struct PartialRows {
   int group;
 };
 
-// Backward, row in registers (layout as norm_fwd_kernel, x and dy kept in T). With
+// Backward, row in registers (teams as in norm_fwd_kernel; x and dy kept in T). With
 // xh = (x - mean) * rstd and g = dy * w:
 //   dx = rstd * (g - mean(g) - xh * mean(g * xh))   (rms_norm: no mean(g) term)
-// dw += dy * xh and db += dy accumulate in fp32 registers over the block's rows; at the end the
-// block's row groups are summed in shared memory (fixed order) into its partial row.
+// dw += dy * xh and db += dy accumulate in fp32 registers over the team's rows; at the end the
+// teams of a block are summed in shared memory (fixed order) into the block's partial row, or
+// each block of a cluster team writes its columns of the cluster's partial row.
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
 __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows part) {
-  extern __shared__ float red[];  // [rows_per_block, g * kPacks * VEC] when rows_per_block > 1
-  __shared__ float2 scratch[kWarp];
-  const int g = part.group, rows_per_block = blockDim.x / g, grp = threadIdx.x / g,
-            t = threadIdx.x % g;
+  extern __shared__ float red[];  // [per_block, g * kPacks * VEC] when per_block > 1
+  __shared__ float2 scratch[kWarp], exch[2];
+  const Team team = make_team<kWarpRow>(part.group);
+  const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
   float dw_acc[kPacks][VEC] = {}, db_acc[kPacks][VEC] = {};
-  for (int64_t base = int64_t(blockIdx.x) * rows_per_block; base < a.rows;
-       base += int64_t(gridDim.x) * rows_per_block) {
-    const int64_t row = base + grp;
+  int parity = 0;
+  for (int64_t base = team_first_row(team); base < a.rows; base += team_row_step(team)) {
+    const int64_t row = base + team.index;
     const bool valid = row < a.rows;
     Pack<T, VEC> x[kPacks], dy[kPacks];
 #pragma unroll
@@ -329,7 +400,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
       }
     }
     if (a.dx == nullptr) continue;  // uniform over the grid: no barrier is skipped unevenly
-    s = row_allreduce<kWarpRow>(s, Sum2Op(), scratch, g);
+    s = team_allreduce<kWarpRow>(s, Sum2Op(), team, scratch, exch, parity);
     if (!valid) continue;
     const float c1 = kRms ? 0.f : s.x / cols, c2 = s.y / cols;
 #pragma unroll
@@ -344,9 +415,12 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
       }
     }
   }
+  team_exit(team);
+  // Partial row blockIdx.x / ranks: one per block, or one per cluster (its blocks own disjoint
+  // columns).
   auto flush = [&](const float (&acc)[kPacks][VEC], float* dst) {
-    dst += int64_t(blockIdx.x) * part.ld;
-    if (rows_per_block == 1) {
+    dst += int64_t(blockIdx.x / team.ranks) * part.ld;
+    if (team.per_block == 1) {
 #pragma unroll
       for (int p = 0; p < kPacks; ++p) {
         const int col = (p * g + t) * VEC;
@@ -359,12 +433,12 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) red[grp * cap + (p * g + t) * VEC + j] = acc[p][j];
+      for (int j = 0; j < VEC; ++j) red[team.index * cap + (p * g + t) * VEC + j] = acc[p][j];
     }
     __syncthreads();
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
       float sum = red[c];
-      for (int r = 1; r < rows_per_block; ++r) sum += red[r * cap + c];
+      for (int r = 1; r < team.per_block; ++r) sum += red[r * cap + c];
       dst[c] = sum;
     }
   };
@@ -496,120 +570,200 @@ __global__ void __launch_bounds__(kWarp* kPartSlices)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int round_up_warp(int64_t n) { return static_cast<int>(ceil_div(n, kWarp) * kWarp); }
+int64_t round_up_warp(int64_t n) { return ceil_div(n, kWarp) * kWarp; }
 
-// Enough blocks to fill the device many times over; kernels grid-stride beyond that (which also
-// keeps gridDim.x far below its limit however many rows there are).
-int stride_grid(int64_t blocks, const DeviceInfo& info) {
-  return static_cast<int>(std::min<int64_t>(blocks, int64_t(info.sm_count) * 32));
+// A launch of `blocks` blocks (a multiple of ranks), in clusters of `ranks` when ranks > 1.
+struct LaunchShape {
+  int64_t blocks;
+  int threads;
+  size_t smem;
+  int ranks;
+};
+
+// `attr` must outlive the config.
+cudaLaunchConfig_t launch_config(const LaunchShape& l, cudaStream_t stream,
+                                 cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(l.blocks));
+  config.blockDim = dim3(static_cast<unsigned>(l.threads));
+  config.dynamicSmemBytes = l.smem;
+  config.stream = stream;
+  if (l.ranks > 1) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = static_cast<unsigned>(l.ranks);
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  return config;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), const LaunchShape& l, cudaStream_t stream,
+                   Args&&... args) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = launch_config(l, stream, &attr);
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  const cudaError_t last = cudaGetLastError();  // also clears the error of a failed launch
+  return err != cudaSuccess ? err : last;
+}
+
+// Blocks for `teams` row teams of `ranks` blocks: enough to fill the device many times over;
+// the kernels stride over further rows (which keeps gridDim.x far below its limit).
+int64_t stride_blocks(int64_t teams, int ranks, const DeviceInfo& info) {
+  const int64_t cap = std::max<int64_t>(1, int64_t(info.sm_count) * 32 / ranks);
+  return std::min(teams, cap) * ranks;
 }
 
 // Looping kernels re-read a row soon after reading it: keep the rows in flight within half the
 // L2, but use at least one block per SM.
-int loop_grid(int64_t rows, int64_t row_bytes, const DeviceInfo& info) {
+int64_t loop_blocks(int64_t rows, int64_t row_bytes, const DeviceInfo& info) {
   int device = 0, l2 = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
+    cudaGetLastError();
     l2 = 0;
   }
   const int64_t fit = l2 / 2 / std::max<int64_t>(row_bytes, 1);
-  const int64_t blocks = std::clamp<int64_t>(fit, info.sm_count, int64_t(info.sm_count) * 4);
-  return static_cast<int>(std::min(rows, blocks));
+  return std::min(rows, std::clamp<int64_t>(fit, info.sm_count, int64_t(info.sm_count) * 4));
 }
 
-template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
-void launch_fwd(const NormFwdArgs<T, W>& a, int64_t blocks, int threads, int group,
-                const DeviceInfo& info, cudaStream_t stream) {
-  norm_fwd_kernel<T, W, kRms, VEC, kPacks, kWarpRow>
-      <<<stride_grid(blocks, info), threads, 0, stream>>>(a, group);
+// The team for a row of `cols`: the fewest packs per thread among `packs_options`, then the
+// fewest blocks (ranks, a cluster when > 1), with at most max_threads threads per block. ranks
+// is 0 when no such team holds the row in registers.
+struct TeamShape {
+  int ranks;
+  int threads;  // per block
+  int packs;
+};
+
+TeamShape team_shape(int64_t cols, int vec, std::initializer_list<int> packs_options,
+                     int max_threads, int max_ranks) {
+  for (const int packs : packs_options) {
+    for (int ranks = 1; ranks <= max_ranks; ranks *= 2) {
+      const int64_t threads = round_up_warp(ceil_div(ceil_div(cols, vec), int64_t(ranks) * packs));
+      if (threads <= max_threads) return {ranks, static_cast<int>(threads), packs};
+    }
+  }
+  return {0, 0, 0};
 }
 
-// Warp tier for rows of up to 4 packs per lane; block tier with the fewest packs per thread
-// that fit the row into kFwdMaxThreads threads; the looping kernel beyond.
+// Warp teams for rows of up to 4 packs per lane, then block and cluster teams, then the
+// looping kernel.
 template <typename T, typename W, bool kRms, int VEC>
 cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info,
                          cudaStream_t stream) {
-  constexpr int kRowsPerBlock = kFwdWarpRowsPerBlock, kThreads = kWarp * kRowsPerBlock;
-  constexpr int64_t kMaxThreads = kFwdMaxThreads;
-  const int64_t warp_blocks = ceil_div(a.rows, kRowsPerBlock);
-  auto threads_for = [&](int packs) { return round_up_warp(ceil_div(a.cols, packs * VEC)); };
+  constexpr int kRows = kFwdWarpRowsPerBlock;
+  const LaunchShape warp{stride_blocks(ceil_div(a.rows, kRows), 1, info), kWarp * kRows, 0, 1};
   if (a.cols <= kWarp * VEC) {
-    launch_fwd<T, W, kRms, VEC, 1, true>(a, warp_blocks, kThreads, kWarp, info, stream);
-  } else if (a.cols <= kWarp * VEC * 2) {
-    launch_fwd<T, W, kRms, VEC, 2, true>(a, warp_blocks, kThreads, kWarp, info, stream);
-  } else if (a.cols <= kWarp * VEC * 4) {
-    launch_fwd<T, W, kRms, VEC, 4, true>(a, warp_blocks, kThreads, kWarp, info, stream);
-  } else if (VEC == 1 && a.cols <= kMaxThreads * kFwdScalars) {
-    if constexpr (VEC == 1) {
-      const int threads = threads_for(kFwdScalars);
-      launch_fwd<T, W, kRms, VEC, kFwdScalars, false>(a, a.rows, threads, threads, info, stream);
-    }
-  } else if (VEC > 1 && a.cols <= kMaxThreads * 4 * VEC) {
-    if constexpr (VEC > 1) {
-      const int threads = threads_for(4);
-      launch_fwd<T, W, kRms, VEC, 4, false>(a, a.rows, threads, threads, info, stream);
-    }
-  } else if (VEC > 1 && a.cols <= kMaxThreads * 8 * VEC) {
-    if constexpr (VEC > 1) {
-      const int threads = threads_for(8);
-      launch_fwd<T, W, kRms, VEC, 8, false>(a, a.rows, threads, threads, info, stream);
-    }
-  } else {
-    norm_fwd_loop_kernel<T, W, kRms, VEC>
-        <<<loop_grid(a.rows, a.cols * int64_t(sizeof(T)), info), kLoopThreads, 0, stream>>>(a);
+    return launch(norm_fwd_kernel<T, W, kRms, VEC, 1, true>, warp, stream, a, kWarp);
   }
-  return cudaGetLastError();
+  if (a.cols <= kWarp * VEC * 2) {
+    return launch(norm_fwd_kernel<T, W, kRms, VEC, 2, true>, warp, stream, a, kWarp);
+  }
+  if (a.cols <= kWarp * VEC * 4) {
+    return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, true>, warp, stream, a, kWarp);
+  }
+  const int max_ranks = info.has_clusters() ? kMaxClusterRanks : 1;
+  // 8 packs of 16-bit x beside fp32 parameters would spill registers.
+  constexpr bool kEight = VEC > 1 && sizeof(W) == sizeof(T);
+  const TeamShape s = VEC == 1 ? team_shape(a.cols, VEC, {kFwdScalars}, kFwdMaxThreads, max_ranks)
+                      : kEight ? team_shape(a.cols, VEC, {4, 8}, kFwdMaxThreads, max_ranks)
+                               : team_shape(a.cols, VEC, {4}, kFwdMaxThreads, max_ranks);
+  const LaunchShape team{stride_blocks(a.rows, s.ranks, info), s.threads, 0, s.ranks};
+  if constexpr (VEC > 1) {
+    if (s.packs == 4) {
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, false>, team, stream, a, s.threads);
+    }
+    if constexpr (kEight) {
+      if (s.packs == 8) {
+        return launch(norm_fwd_kernel<T, W, kRms, VEC, 8, false>, team, stream, a, s.threads);
+      }
+    }
+  } else if (s.packs == kFwdScalars) {
+    return launch(norm_fwd_kernel<T, W, kRms, VEC, kFwdScalars, false>, team, stream, a,
+                  s.threads);
+  }
+  const LaunchShape loop{loop_blocks(a.rows, a.cols * int64_t(sizeof(T)), info), kLoopThreads, 0,
+                         1};
+  return launch(norm_fwd_loop_kernel<T, W, kRms, VEC>, loop, stream, a);
 }
 
 template <typename T, typename W>
-using BwdKernel = void (*)(NormBwdArgs<T, W>, PartialRows);
-
-template <typename T, typename W>
-struct BwdLaunch {
-  BwdKernel<T, W> kernel;
-  int threads;
-  int group;             // threads per data row
-  size_t smem;           // dynamic shared memory
+struct BwdPlan {
+  void (*kernel)(NormBwdArgs<T, W>, PartialRows);
+  LaunchShape shape;
+  int group;             // threads per team (when not a cluster)
   bool zeroed_partials;  // the kernel adds into its partial rows
+  int64_t parts;         // partial rows: one per block, or per cluster
 };
 
+// As many blocks (clusters) as fit on the device at once, each writing one partial row; fewer
+// when there aren't enough rows. False when a cluster of this size can't run at all.
+template <typename T, typename W>
+bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
+  LaunchShape& l = p.shape;
+  int fit = 0;
+  if (l.ranks == 1) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, p.kernel, l.threads, l.smem) ==
+        cudaSuccess) {
+      fit *= info.sm_count;
+    }
+  } else {
+    if (l.ranks > kMaxClusterRanks &&
+        cudaFuncSetAttribute(p.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    cudaLaunchAttribute attr;
+    l.blocks = l.ranks;
+    const cudaLaunchConfig_t config = launch_config(l, nullptr, &attr);
+    if (cudaOccupancyMaxActiveClusters(&fit, p.kernel, &config) != cudaSuccess) fit = 0;
+  }
+  cudaGetLastError();  // a failed query leaves no error behind
+  if (fit < 1) {
+    if (l.ranks > kMaxClusterRanks) return false;
+    fit = std::max(1, info.sm_count / l.ranks);
+  }
+  const int64_t teams = ceil_div(rows, l.ranks > 1 ? 1 : l.threads / p.group);
+  p.parts = std::min<int64_t>(teams, fit);
+  l.blocks = p.parts * l.ranks;
+  return true;
+}
+
+// Warp teams for short rows, then block and cluster teams (x and dy in registers), then the
+// looping kernel.
 template <typename T, typename W, bool kRms, int VEC>
-BwdLaunch<T, W> bwd_launch_vec(const NormBwdArgs<T, W>& a) {
-  constexpr int kElems = VEC > 1 ? kBwdElems : kBwdScalars, kPacks = kElems / VEC;
-  // Blocks of several rows keep the partial rows few; their sum goes through shared memory.
-  auto smem = [](int threads) { return size_t(threads) * kElems * sizeof(float); };
-  if (a.cols <= kWarp * kElems) {
-    return {norm_bwd_kernel<T, W, kRms, VEC, kPacks, true>, kBwdMaxThreads, kWarp,
-            smem(kBwdMaxThreads), false};
+BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
+  constexpr int kPacks = VEC > 1 ? 16 / VEC : kBwdScalars;
+  // Teams sharing a block sum their partial rows in shared memory: [threads * kPacks * VEC].
+  auto smem = [](int threads) { return size_t(threads) * kPacks * VEC * sizeof(float); };
+  const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
+  const TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdMaxThreads, max_ranks);
+  BwdPlan<T, W> p{};
+  if (a.cols <= kWarp * kPacks * VEC) {
+    p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, true>, {0, kBwdMaxThreads, smem(kBwdMaxThreads), 1},
+         kWarp, false, 0};
+  } else if (s.ranks > 0) {
+    const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
+    p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, false>,
+         {0, threads, threads > s.threads ? smem(threads) : 0, s.ranks}, s.threads, false, 0};
   }
-  if (a.cols <= int64_t(kBwdMaxThreads) * kElems) {
-    const int g = round_up_warp(ceil_div(a.cols, kElems)), threads = kBwdMaxThreads / g * g;
-    return {norm_bwd_kernel<T, W, kRms, VEC, kPacks, false>, threads, g,
-            threads == g ? 0 : smem(threads), false};
-  }
-  return {norm_bwd_loop_kernel<T, W, kRms, VEC>, kLoopThreads, kLoopThreads, 0, true};
+  if (p.kernel != nullptr && size_bwd_grid(p, a.rows, info)) return p;
+  p = {norm_bwd_loop_kernel<T, W, kRms, VEC>, {0, kLoopThreads, 0, 1}, kLoopThreads, true, 0};
+  size_bwd_grid(p, a.rows, info);
+  return p;
 }
 
 template <typename T, typename W, bool kRms>
-BwdLaunch<T, W> bwd_launch(const NormBwdArgs<T, W>& a) {
+BwdPlan<T, W> bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   constexpr int V = kVec16<T>;
   const bool vec = a.cols % V == 0 && is_aligned16(a.x) && is_aligned16(a.dy) &&
                    (a.dx == nullptr || is_aligned16(a.dx)) &&
                    (a.w == nullptr || is_aligned16(a.w));
-  return vec ? bwd_launch_vec<T, W, kRms, V>(a) : bwd_launch_vec<T, W, kRms, 1>(a);
-}
-
-// As many blocks as fit on the device at once (each writes one partial row), fewer if there
-// aren't enough rows.
-template <typename T, typename W>
-int64_t bwd_grid(const BwdLaunch<T, W>& l, const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.kernel, l.threads, l.smem) !=
-      cudaSuccess) {
-    per_sm = 1;
-  }
-  const int64_t blocks = ceil_div(a.rows, l.threads / l.group);
-  return std::min<int64_t>(blocks, int64_t(info.sm_count) * std::max(per_sm, 1));
+  return vec ? bwd_plan_vec<T, W, kRms, V>(a, info) : bwd_plan_vec<T, W, kRms, 1>(a, info);
 }
 
 int64_t partial_ld(int64_t cols) { return ceil_div(cols, 4) * 4; }  // float4 rows
@@ -630,32 +784,30 @@ template <typename T, typename W, bool kRms>
 int64_t norm_bwd_workspace_size(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   const int64_t n = (a.dw != nullptr) + (a.db != nullptr);
   if (n == 0) return 0;
-  return n * bwd_grid(bwd_launch<T, W, kRms>(a), a, info) * partial_ld(a.cols);
+  return n * bwd_plan<T, W, kRms>(a, info).parts * partial_ld(a.cols);
 }
 
 template <typename T, typename W, bool kRms>
 cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, float* workspace, const DeviceInfo& info,
                           cudaStream_t stream) {
   if (a.dx == nullptr && a.dw == nullptr && a.db == nullptr) return cudaSuccess;
-  const BwdLaunch<T, W> l = bwd_launch<T, W, kRms>(a);
-  const int64_t grid = bwd_grid(l, a, info), ld = partial_ld(a.cols);
-  PartialRows part{a.dw != nullptr ? workspace : nullptr, nullptr, ld, l.group};
-  if (a.db != nullptr) part.db = workspace + (a.dw != nullptr ? grid * ld : 0);
-  const int64_t n = (a.dw != nullptr) + (a.db != nullptr);
-  if (n > 0 && l.zeroed_partials) {
+  const BwdPlan<T, W> p = bwd_plan<T, W, kRms>(a, info);
+  const int64_t ld = partial_ld(a.cols), n = (a.dw != nullptr) + (a.db != nullptr);
+  PartialRows part{a.dw != nullptr ? workspace : nullptr, nullptr, ld, p.group};
+  if (a.db != nullptr) part.db = workspace + (a.dw != nullptr ? p.parts * ld : 0);
+  if (n > 0 && p.zeroed_partials) {
     const cudaError_t err =
-        cudaMemsetAsync(workspace, 0, size_t(n * grid * ld) * sizeof(float), stream);
+        cudaMemsetAsync(workspace, 0, size_t(n * p.parts * ld) * sizeof(float), stream);
     if (err != cudaSuccess) return err;
   }
-  l.kernel<<<static_cast<unsigned>(grid), l.threads, l.smem, stream>>>(a, part);
-  cudaError_t err = cudaGetLastError();
+  const cudaError_t err = launch(p.kernel, p.shape, stream, a, part);
   if (err != cudaSuccess || n == 0) return err;
   const float* part0 = part.dw != nullptr ? part.dw : part.db;
   W* out0 = a.dw != nullptr ? a.dw : a.db;
-  const dim3 pgrid(static_cast<unsigned>(std::min<int64_t>(ceil_div(a.cols, kPartCols), 1 << 20)),
-                   static_cast<unsigned>(n));
-  norm_partials_kernel<W><<<pgrid, dim3(kWarp, kPartSlices), 0, stream>>>(
-      part0, out0, part.db, a.db, grid, ld, a.cols);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(a.cols, kPartCols), 1 << 20)),
+                  static_cast<unsigned>(n));
+  norm_partials_kernel<W><<<grid, dim3(kWarp, kPartSlices), 0, stream>>>(part0, out0, part.db,
+                                                                         a.db, p.parts, ld, a.cols);
   return cudaGetLastError();
 }
 
