@@ -87,7 +87,7 @@ const acc_t<T>* widen(const T* row, int64_t cols, std::vector<acc_t<T>>& buf) {
   if constexpr (std::is_same_v<T, acc_t<T>>) {
     return row;
   } else {
-    for (int64_t i = 0; i < cols; ++i) buf[i] = static_cast<acc_t<T>>(row[i]);
+    at::vec::convert(row, buf.data(), cols);
     return buf.data();
   }
 }
@@ -105,7 +105,7 @@ acc_t<T>* out_row(T* row, std::vector<acc_t<T>>& buf) {
 template <typename T>
 void narrow(const acc_t<T>* src, T* row, int64_t cols) {
   if constexpr (!std::is_same_v<T, acc_t<T>>) {
-    for (int64_t i = 0; i < cols; ++i) row[i] = static_cast<T>(src[i]);
+    at::vec::convert(src, row, cols);  // round-to-nearest-even, SIMD where at::vec has it
   }
 }
 
