@@ -24,12 +24,13 @@ using OptTensor = std::optional<Tensor>;
 
 std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_op(const Tensor& input,
                                                      IntArrayRef normalized_shape,
-                                                     const OptTensor& weight,
-                                                     const OptTensor& bias, double eps) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fusedops::layer_norm_fwd", "")
-                       .typed<std::tuple<Tensor, Tensor, Tensor>(
-                           const Tensor&, IntArrayRef, const OptTensor&, const OptTensor&, double)>();
+                                                     const OptTensor& weight, const OptTensor& bias,
+                                                     double eps) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fusedops::layer_norm_fwd", "")
+          .typed<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, IntArrayRef, const OptTensor&,
+                                                    const OptTensor&, double)>();
   return op.call(input, normalized_shape, weight, bias, eps);
 }
 
@@ -37,12 +38,11 @@ std::tuple<OptTensor, OptTensor, OptTensor> layer_norm_bwd_op(
     const Tensor& grad_out, const Tensor& input, IntArrayRef normalized_shape, const Tensor& mean,
     const Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
     std::array<bool, 3> output_mask) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fusedops::layer_norm_bwd", "")
-          .typed<std::tuple<OptTensor, OptTensor, OptTensor>(
-              const Tensor&, const Tensor&, IntArrayRef, const Tensor&, const Tensor&,
-              const OptTensor&, const OptTensor&, std::array<bool, 3>)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fusedops::layer_norm_bwd", "")
+                       .typed<std::tuple<OptTensor, OptTensor, OptTensor>(
+                           const Tensor&, const Tensor&, IntArrayRef, const Tensor&, const Tensor&,
+                           const OptTensor&, const OptTensor&, std::array<bool, 3>)>();
   return op.call(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
 }
 
@@ -50,8 +50,8 @@ std::tuple<Tensor, Tensor> rms_norm_fwd_op(const Tensor& input, IntArrayRef norm
                                            const OptTensor& weight, std::optional<double> eps) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("fusedops::rms_norm_fwd", "")
-                       .typed<std::tuple<Tensor, Tensor>(const Tensor&, IntArrayRef,
-                                                         const OptTensor&, std::optional<double>)>();
+                       .typed<std::tuple<Tensor, Tensor>(
+                           const Tensor&, IntArrayRef, const OptTensor&, std::optional<double>)>();
   return op.call(input, normalized_shape, weight, eps);
 }
 
@@ -98,8 +98,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
                                const OptTensor& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, mean, rstd] = layer_norm_fwd_op(input, normalized_shape, weight, bias, eps);
-    ctx->save_for_backward(
-        {input, weight.value_or(Tensor()), bias.value_or(Tensor()), mean, rstd});
+    ctx->save_for_backward({input, weight.value_or(Tensor()), bias.value_or(Tensor()), mean, rstd});
     ctx->saved_data["normalized_shape"] = normalized_shape.vec();
     ctx->mark_non_differentiable({mean, rstd});
     return {out, mean, rstd};
@@ -109,11 +108,10 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &input = saved[0], &weight = saved[1], &bias = saved[2];
     check_no_double_backward("layer_norm", {grads[0], input, weight, bias});
-    const auto needs =
-        needs_grads<3>(ctx, {true, weight.defined(), bias.defined()});
-    auto [dx, dw, db] = layer_norm_bwd_op(
-        grads[0], input, ctx->saved_data["normalized_shape"].toIntVector(), saved[3], saved[4],
-        opt(weight), opt(bias), needs);
+    const auto needs = needs_grads<3>(ctx, {true, weight.defined(), bias.defined()});
+    auto [dx, dw, db] =
+        layer_norm_bwd_op(grads[0], input, ctx->saved_data["normalized_shape"].toIntVector(),
+                          saved[3], saved[4], opt(weight), opt(bias), needs);
     return {dx.value_or(Tensor()), Tensor(), dw.value_or(Tensor()), db.value_or(Tensor()),
             Tensor()};
   }
@@ -137,9 +135,9 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const Tensor &input = saved[0], &weight = saved[1];
     check_no_double_backward("rms_norm", {grads[0], input, weight});
     const auto needs = needs_grads<2>(ctx, {true, weight.defined()});
-    auto [dx, dw] = rms_norm_bwd_op(grads[0], input,
-                                    ctx->saved_data["normalized_shape"].toIntVector(), saved[2],
-                                    opt(weight), needs);
+    auto [dx, dw] =
+        rms_norm_bwd_op(grads[0], input, ctx->saved_data["normalized_shape"].toIntVector(),
+                        saved[2], opt(weight), needs);
     return {dx.value_or(Tensor()), Tensor(), dw.value_or(Tensor()), Tensor()};
   }
 };
@@ -173,8 +171,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_autocast(const Tensor& input,
                                                            const OptTensor& weight,
                                                            const OptTensor& bias, double eps) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  return layer_norm_fwd_op(to_fp32(input), normalized_shape, to_fp32(weight), to_fp32(bias),
-                           eps);
+  return layer_norm_fwd_op(to_fp32(input), normalized_shape, to_fp32(weight), to_fp32(bias), eps);
 }
 
 std::tuple<Tensor, Tensor> rms_norm_fwd_autocast(const Tensor& input, IntArrayRef normalized_shape,

@@ -72,8 +72,7 @@ inline at::ScalarType norm_stat_dtype(const at::Tensor& input) {
 
 // Statistics have the leading (batch) dims of input: one value per normalized row.
 inline at::Tensor norm_stat_empty(const at::Tensor& input, const NormProblem& p) {
-  return at::empty(input.sizes().slice(0, p.axis),
-                   input.options().dtype(norm_stat_dtype(input)));
+  return at::empty(input.sizes().slice(0, p.axis), input.options().dtype(norm_stat_dtype(input)));
 }
 
 // Statistics of rows with no elements, as torch's layer_norm gives them: mean 0, rstd NaN.
@@ -84,8 +83,8 @@ inline void fill_empty_row_stats(at::Tensor& mean, at::Tensor& rstd) {
 
 inline void check_norm_stat(const char* op, const char* arg, const at::Tensor& stat,
                             const at::Tensor& input, const NormProblem& p) {
-  TORCH_CHECK(stat.device() == input.device(), "fusedops.", op, ": ", arg, " is on ",
-              stat.device(), " but input is on ", input.device());
+  TORCH_CHECK(stat.device() == input.device(), "fusedops.", op, ": ", arg, " is on ", stat.device(),
+              " but input is on ", input.device());
   TORCH_CHECK_TYPE(stat.scalar_type() == norm_stat_dtype(input), "fusedops.", op, ": ", arg,
                    " has dtype ", stat.scalar_type(), " (expected ", norm_stat_dtype(input), ")");
   TORCH_CHECK_VALUE(stat.numel() == p.rows, "fusedops.", op, ": ", arg, " has ", stat.numel(),

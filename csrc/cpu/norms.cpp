@@ -75,8 +75,7 @@ struct Sum {
   }
   void add(A x) { s += x; }
   A total() const {
-    return at::vec::vec_reduce_all<A>([](Vec<A>& a, Vec<A>& b) { return a + b; },
-                                      outer + inner) +
+    return at::vec::vec_reduce_all<A>([](Vec<A>& a, Vec<A>& b) { return a + b; }, outer + inner) +
            s;
   }
 };
@@ -241,9 +240,11 @@ at::Tensor param_acc(const std::optional<at::Tensor>& p, at::ScalarType acc) {
 }
 
 template <bool kRms>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(
-    const char* op, const at::Tensor& input, at::IntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(const char* op, const at::Tensor& input,
+                                                            at::IntArrayRef normalized_shape,
+                                                            const std::optional<at::Tensor>& weight,
+                                                            const std::optional<at::Tensor>& bias,
+                                                            double eps) {
   const NormProblem p = norm_problem(op, input, normalized_shape);
   check_norm_params(op, input, normalized_shape, weight, bias);
   const at::Tensor x = input.contiguous();
@@ -280,22 +281,21 @@ norm_bwd_cpu(const char* op, const at::Tensor& grad_out, const at::Tensor& input
   const at::Tensor x = input.contiguous(), dy = grad_out.contiguous();
   at::Tensor dx = output_mask[0] ? at::empty_like(x) : at::Tensor();
   const at::ScalarType acc = norm_stat_dtype(input);
-  const int64_t chunks = std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(p.rows, 1));
+  const int64_t chunks =
+      std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(p.rows, 1));
   at::Tensor dw_part = need_dw ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
   at::Tensor db_part = need_db ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
   if (x.numel() > 0) {
     const at::Tensor w = param_acc(weight, acc);
     const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
     const at::Tensor rstd_c = rstd.contiguous();
-    AT_DISPATCH_FLOATING_TYPES_AND2(
-        at::kHalf, at::kBFloat16, x.scalar_type(), "norm_bwd_cpu", [&] {
-          using A = acc_t<scalar_t>;
-          norm_bwd_rows<scalar_t, kRms>(
-              dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
-              ptr_or_null<A>(mean_c), rstd_c.const_data_ptr<A>(), ptr_or_null<A>(w),
-              mut_ptr_or_null<scalar_t>(dx), mut_ptr_or_null<A>(dw_part),
-              mut_ptr_or_null<A>(db_part), p.rows, p.cols, chunks);
-        });
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "norm_bwd_cpu", [&] {
+      using A = acc_t<scalar_t>;
+      norm_bwd_rows<scalar_t, kRms>(
+          dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), ptr_or_null<A>(mean_c),
+          rstd_c.const_data_ptr<A>(), ptr_or_null<A>(w), mut_ptr_or_null<scalar_t>(dx),
+          mut_ptr_or_null<A>(dw_part), mut_ptr_or_null<A>(db_part), p.rows, p.cols, chunks);
+    });
   }
   auto reduce = [&](const at::Tensor& part, const std::optional<at::Tensor>& param) {
     std::optional<at::Tensor> none;
@@ -328,11 +328,11 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cpu(const at::Tensor& input,
 
 std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>>
 layer_norm_bwd_cpu(const at::Tensor& grad_out, const at::Tensor& input,
-                   at::IntArrayRef normalized_shape, const at::Tensor& mean,
-                   const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-                   const std::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
-  return norm_bwd_cpu<false>("layer_norm_backward", grad_out, input, normalized_shape, &mean,
-                             rstd, weight, bias, output_mask);
+                   at::IntArrayRef normalized_shape, const at::Tensor& mean, const at::Tensor& rstd,
+                   const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                   std::array<bool, 3> output_mask) {
+  return norm_bwd_cpu<false>("layer_norm_backward", grad_out, input, normalized_shape, &mean, rstd,
+                             weight, bias, output_mask);
 }
 
 std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>> rms_norm_bwd_cpu(

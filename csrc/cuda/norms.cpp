@@ -1,6 +1,5 @@
 // CUDA host side of layer_norm / rms_norm: checks, allocation and dtype dispatch around the
 // torch-free launchers of norms_kernels.cu, and the CUDA kernel registrations.
-#include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -40,11 +39,16 @@ void with_param_type(std::optional<at::ScalarType> w, F& f) {
 
 template <typename F>
 void dispatch_norm(at::ScalarType x, std::optional<at::ScalarType> w, F&& f) {
-  AT_DISPATCH_SWITCH(
-      x, "norm_cuda", AT_DISPATCH_CASE(at::ScalarType::Float, [&] { with_param_type<float>(w, f); })
-                 AT_DISPATCH_CASE(at::ScalarType::Half, [&] { with_param_type<__half>(w, f); })
-                     AT_DISPATCH_CASE(at::ScalarType::BFloat16,
-                                      [&] { with_param_type<__nv_bfloat16>(w, f); }));
+  switch (x) {
+    case at::kFloat:
+      return with_param_type<float>(w, f);
+    case at::kHalf:
+      return with_param_type<__half>(w, f);
+    case at::kBFloat16:
+      return with_param_type<__nv_bfloat16>(w, f);
+    default:  // check_floating and check_cuda_dtype let nothing else through
+      TORCH_CHECK(false, "fusedops: no CUDA norm kernel for dtype ", x);
+  }
 }
 
 std::optional<at::ScalarType> param_dtype(const at::Tensor& w, const at::Tensor& b) {
@@ -90,10 +94,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda_impl(
   dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
     using T = std::remove_pointer_t<decltype(t_tag)>;
     using W = std::remove_pointer_t<decltype(w_tag)>;
-    const NormFwdArgs<T, W> args{ptr_or_null<T>(x),        ptr_or_null<W>(w),
-                                 ptr_or_null<W>(b),        mut_ptr_or_null<T>(out),
-                                 mut_ptr_or_null<float>(mean), mut_ptr_or_null<float>(rstd),
-                                 p.rows,                   p.cols,
+    const NormFwdArgs<T, W> args{ptr_or_null<T>(x),
+                                 ptr_or_null<W>(w),
+                                 ptr_or_null<W>(b),
+                                 mut_ptr_or_null<T>(out),
+                                 mut_ptr_or_null<float>(mean),
+                                 mut_ptr_or_null<float>(rstd),
+                                 p.rows,
+                                 p.cols,
                                  static_cast<float>(eps)};
     C10_CUDA_CHECK((norm_fwd_cuda<T, W, kRms>(args, info, stream)));
   });
@@ -131,11 +139,16 @@ std::tuple<OptTensor, OptTensor, OptTensor> norm_bwd_cuda_impl(
   dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
     using T = std::remove_pointer_t<decltype(t_tag)>;
     using W = std::remove_pointer_t<decltype(w_tag)>;
-    const NormBwdArgs<T, W> args{ptr_or_null<T>(dy),       ptr_or_null<T>(x),
-                                 ptr_or_null<float>(mean_c), ptr_or_null<float>(rstd_c),
-                                 ptr_or_null<W>(w),        mut_ptr_or_null<T>(dx),
-                                 mut_ptr_or_null<W>(dw),   mut_ptr_or_null<W>(db),
-                                 p.rows,                   p.cols};
+    const NormBwdArgs<T, W> args{ptr_or_null<T>(dy),
+                                 ptr_or_null<T>(x),
+                                 ptr_or_null<float>(mean_c),
+                                 ptr_or_null<float>(rstd_c),
+                                 ptr_or_null<W>(w),
+                                 mut_ptr_or_null<T>(dx),
+                                 mut_ptr_or_null<W>(dw),
+                                 mut_ptr_or_null<W>(db),
+                                 p.rows,
+                                 p.cols};
     at::Tensor workspace =
         at::empty({norm_bwd_workspace_size<T, W, kRms>(args, info)}, x.options().dtype(at::kFloat));
     C10_CUDA_CHECK(
@@ -144,9 +157,11 @@ std::tuple<OptTensor, OptTensor, OptTensor> norm_bwd_cuda_impl(
   return result();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(
-    const at::Tensor& input, at::IntArrayRef normalized_shape, const OptTensor& weight,
-    const OptTensor& bias, double eps) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& input,
+                                                                   at::IntArrayRef normalized_shape,
+                                                                   const OptTensor& weight,
+                                                                   const OptTensor& bias,
+                                                                   double eps) {
   return norm_fwd_cuda_impl<false>("layer_norm", input, normalized_shape, weight, bias, eps);
 }
 
@@ -161,17 +176,16 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cuda(const at::Tensor& input,
 
 std::tuple<OptTensor, OptTensor, OptTensor> layer_norm_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
-    const at::Tensor& mean, const at::Tensor& rstd, const OptTensor& weight,
-    const OptTensor& bias, std::array<bool, 3> output_mask) {
-  return norm_bwd_cuda_impl<false>("layer_norm_backward", grad_out, input, normalized_shape,
-                                   &mean, rstd, weight, bias, output_mask);
+    const at::Tensor& mean, const at::Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
+    std::array<bool, 3> output_mask) {
+  return norm_bwd_cuda_impl<false>("layer_norm_backward", grad_out, input, normalized_shape, &mean,
+                                   rstd, weight, bias, output_mask);
 }
 
 std::tuple<OptTensor, OptTensor> rms_norm_bwd_cuda(const at::Tensor& grad_out,
                                                    const at::Tensor& input,
                                                    at::IntArrayRef normalized_shape,
-                                                   const at::Tensor& rstd,
-                                                   const OptTensor& weight,
+                                                   const at::Tensor& rstd, const OptTensor& weight,
                                                    std::array<bool, 2> output_mask) {
   auto [dx, dw, db] =
       norm_bwd_cuda_impl<true>("rms_norm_backward", grad_out, input, normalized_shape, nullptr,

@@ -9,8 +9,6 @@
 // registers into one fp32 partial row; norm_partials_kernel adds the partial rows in a fixed
 // order: deterministic, no float atomics. Preconditions (the launchers check them): rows,
 // cols > 0; VEC > 1 only when cols % VEC == 0 and every pointer is 16-byte aligned.
-#include "cuda/norms_kernels.h"
-
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -23,6 +21,7 @@
 
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
+#include "cuda/norms_kernels.h"
 
 namespace fusedops {
 namespace {
@@ -30,17 +29,17 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kWarp = 32;
-constexpr int kMaxClusterRanks = 8;     // the portable cluster size (forward)
-constexpr int kMaxBwdClusterRanks = 16; // backward, where the GPU allows this many (H100 does)
-constexpr int kFwdMaxThreads = 512;     // per block; forward teams hold 4 or 8 packs per thread,
-constexpr int kFwdScalars = 16;         // or 16 elements when rows aren't 16-byte aligned
+constexpr int kMaxClusterRanks = 8;      // the portable cluster size (forward)
+constexpr int kMaxBwdClusterRanks = 16;  // backward, where the GPU allows this many (H100 does)
+constexpr int kFwdMaxThreads = 512;      // per block; forward teams hold 4 or 8 packs per thread,
+constexpr int kFwdScalars = 16;          // or 16 elements when rows aren't 16-byte aligned
 constexpr int kFwdWarpRowsPerBlock = 4;
-constexpr int kBwdMaxThreads = 512;     // per block; backward teams hold 16 elements per thread
-constexpr int kBwdScalars = 8;          // (x, dy and two accumulators), 8 when rows aren't aligned
+constexpr int kBwdMaxThreads = 512;  // per block; backward teams hold 16 elements per thread
+constexpr int kBwdScalars = 8;       // (x, dy and two accumulators), 8 when rows aren't aligned
 constexpr int kLoopThreads = 512;
-constexpr int kLoopUnroll = 4;          // packs in flight per thread in the looping kernels
-constexpr int kPartSlices = 8;          // norm_partials_kernel: partial rows summed in 8 slices
-constexpr int kPartCols = kWarp * 4;    // ... of 32 float4 columns per block
+constexpr int kLoopUnroll = 4;        // packs in flight per thread in the looping kernels
+constexpr int kPartSlices = 8;        // norm_partials_kernel: partial rows summed in 8 slices
+constexpr int kPartCols = kWarp * 4;  // ... of 32 float4 columns per block
 
 struct Sum2Op {
   __device__ __forceinline__ float2 operator()(float2 a, float2 b) const {
@@ -373,7 +372,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     const float mu = kRms || !valid ? 0.f : a.mean[row];
     const float rs = valid ? a.rstd[row] : 0.f;
     // xh and g of pack p, recomputed for each of the two uses.
-    auto xh_g = [&](int p, float (&xh)[VEC], float (&gr)[VEC]) {
+    auto xh_g = [&](int p, float(&xh)[VEC], float(&gr)[VEC]) {
       const int col = (p * g + t) * VEC;
       widen(x[p], xh);
       widen(dy[p], gr);
@@ -418,7 +417,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
   team_exit(team);
   // Partial row blockIdx.x / ranks: one per block, or one per cluster (its blocks own disjoint
   // columns).
-  auto flush = [&](const float (&acc)[kPacks][VEC], float* dst) {
+  auto flush = [&](const float(&acc)[kPacks][VEC], float* dst) {
     dst += int64_t(blockIdx.x / team.ranks) * part.ld;
     if (team.per_block == 1) {
 #pragma unroll
@@ -502,8 +501,7 @@ __global__ void __launch_bounds__(kLoopThreads)
       c1 = kRms ? 0.f : s.x / cols;
       c2 = s.y / cols;
     }
-    sweep([&](int64_t col, const float(&xh)[VEC], const float(&gr)[VEC],
-              const float(&dy)[VEC]) {
+    sweep([&](int64_t col, const float(&xh)[VEC], const float(&gr)[VEC], const float(&dy)[VEC]) {
       if (a.dx != nullptr) {
         float out[VEC];
 #pragma unroll
@@ -652,8 +650,7 @@ TeamShape team_shape(int64_t cols, int vec, std::initializer_list<int> packs_opt
 // Warp teams for rows of up to 4 packs per lane, then block and cluster teams, then the
 // looping kernel.
 template <typename T, typename W, bool kRms, int VEC>
-cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info,
-                         cudaStream_t stream) {
+cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cudaStream_t stream) {
   constexpr int kRows = kFwdWarpRowsPerBlock;
   const LaunchShape warp{stride_blocks(ceil_div(a.rows, kRows), 1, info), kWarp * kRows, 0, 1};
   if (a.cols <= kWarp * VEC) {
@@ -682,8 +679,7 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info,
       }
     }
   } else if (s.packs == kFwdScalars) {
-    return launch(norm_fwd_kernel<T, W, kRms, VEC, kFwdScalars, false>, team, stream, a,
-                  s.threads);
+    return launch(norm_fwd_kernel<T, W, kRms, VEC, kFwdScalars, false>, team, stream, a, s.threads);
   }
   const LaunchShape loop{loop_blocks(a.rows, a.cols * int64_t(sizeof(T)), info), kLoopThreads, 0,
                          1};
@@ -744,12 +740,18 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   const TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdMaxThreads, max_ranks);
   BwdPlan<T, W> p{};
   if (a.cols <= kWarp * kPacks * VEC) {
-    p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, true>, {0, kBwdMaxThreads, smem(kBwdMaxThreads), 1},
-         kWarp, false, 0};
+    p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, true>,
+         {0, kBwdMaxThreads, smem(kBwdMaxThreads), 1},
+         kWarp,
+         false,
+         0};
   } else if (s.ranks > 0) {
     const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
     p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, false>,
-         {0, threads, threads > s.threads ? smem(threads) : 0, s.ranks}, s.threads, false, 0};
+         {0, threads, threads > s.threads ? smem(threads) : 0, s.ranks},
+         s.threads,
+         false,
+         0};
   }
   if (p.kernel != nullptr && size_bwd_grid(p, a.rows, info)) return p;
   p = {norm_bwd_loop_kernel<T, W, kRms, VEC>, {0, kLoopThreads, 0, 1}, kLoopThreads, true, 0};
@@ -761,8 +763,7 @@ template <typename T, typename W, bool kRms>
 BwdPlan<T, W> bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   constexpr int V = kVec16<T>;
   const bool vec = a.cols % V == 0 && is_aligned16(a.x) && is_aligned16(a.dy) &&
-                   (a.dx == nullptr || is_aligned16(a.dx)) &&
-                   (a.w == nullptr || is_aligned16(a.w));
+                   (a.dx == nullptr || is_aligned16(a.dx)) && (a.w == nullptr || is_aligned16(a.w));
   return vec ? bwd_plan_vec<T, W, kRms, V>(a, info) : bwd_plan_vec<T, W, kRms, 1>(a, info);
 }
 
@@ -771,8 +772,7 @@ int64_t partial_ld(int64_t cols) { return ceil_div(cols, 4) * 4; }  // float4 ro
 }  // namespace
 
 template <typename T, typename W, bool kRms>
-cudaError_t norm_fwd_cuda(const NormFwdArgs<T, W>& a, const DeviceInfo& info,
-                          cudaStream_t stream) {
+cudaError_t norm_fwd_cuda(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cudaStream_t stream) {
   constexpr int V = kVec16<T>;
   const bool vec = a.cols % V == 0 && is_aligned16(a.x) && is_aligned16(a.y) &&
                    (a.w == nullptr || is_aligned16(a.w)) && (a.b == nullptr || is_aligned16(a.b));
@@ -806,17 +806,17 @@ cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, float* workspace, const De
   W* out0 = a.dw != nullptr ? a.dw : a.db;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(a.cols, kPartCols), 1 << 20)),
                   static_cast<unsigned>(n));
-  norm_partials_kernel<W><<<grid, dim3(kWarp, kPartSlices), 0, stream>>>(part0, out0, part.db,
-                                                                         a.db, p.parts, ld, a.cols);
+  norm_partials_kernel<W><<<grid, dim3(kWarp, kPartSlices), 0, stream>>>(part0, out0, part.db, a.db,
+                                                                         p.parts, ld, a.cols);
   return cudaGetLastError();
 }
 
-#define FUSEDOPS_NORM_INSTANTIATE(T, W, RMS)                                                    \
-  template cudaError_t norm_fwd_cuda<T, W, RMS>(const NormFwdArgs<T, W>&, const DeviceInfo&,    \
-                                                cudaStream_t);                                  \
-  template int64_t norm_bwd_workspace_size<T, W, RMS>(const NormBwdArgs<T, W>&,                 \
-                                                      const DeviceInfo&);                       \
-  template cudaError_t norm_bwd_cuda<T, W, RMS>(const NormBwdArgs<T, W>&, float*,               \
+#define FUSEDOPS_NORM_INSTANTIATE(T, W, RMS)                                                 \
+  template cudaError_t norm_fwd_cuda<T, W, RMS>(const NormFwdArgs<T, W>&, const DeviceInfo&, \
+                                                cudaStream_t);                               \
+  template int64_t norm_bwd_workspace_size<T, W, RMS>(const NormBwdArgs<T, W>&,              \
+                                                      const DeviceInfo&);                    \
+  template cudaError_t norm_bwd_cuda<T, W, RMS>(const NormBwdArgs<T, W>&, float*,            \
                                                 const DeviceInfo&, cudaStream_t);
 #define FUSEDOPS_NORM_INSTANTIATE_BOTH(T, W) \
   FUSEDOPS_NORM_INSTANTIATE(T, W, false)     \

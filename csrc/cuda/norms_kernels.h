@@ -14,14 +14,14 @@ namespace fusedops {
 
 template <typename T, typename W>
 struct NormFwdArgs {
-  const T* x;     // [rows, cols]
-  const W* w;     // [cols] or null
-  const W* b;     // [cols] or null (always null for rms_norm)
-  T* y;           // [rows, cols]
-  float* mean;    // [rows] (null for rms_norm)
-  float* rstd;    // [rows]
-  int64_t rows;   // > 0
-  int64_t cols;   // > 0
+  const T* x;    // [rows, cols]
+  const W* w;    // [cols] or null
+  const W* b;    // [cols] or null (always null for rms_norm)
+  T* y;          // [rows, cols]
+  float* mean;   // [rows] (null for rms_norm)
+  float* rstd;   // [rows]
+  int64_t rows;  // > 0
+  int64_t cols;  // > 0
   float eps;
 };
 
@@ -31,16 +31,16 @@ cudaError_t norm_fwd_cuda(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cu
 
 template <typename T, typename W>
 struct NormBwdArgs {
-  const T* dy;          // [rows, cols]
-  const T* x;           // [rows, cols]
-  const float* mean;    // [rows] (null for rms_norm)
-  const float* rstd;    // [rows]
-  const W* w;           // [cols] or null
-  T* dx;                // [rows, cols] or null when not wanted
-  W* dw;                // [cols] or null when not wanted
-  W* db;                // [cols] or null when not wanted (always null for rms_norm)
-  int64_t rows;         // > 0
-  int64_t cols;         // > 0
+  const T* dy;        // [rows, cols]
+  const T* x;         // [rows, cols]
+  const float* mean;  // [rows] (null for rms_norm)
+  const float* rstd;  // [rows]
+  const W* w;         // [cols] or null
+  T* dx;              // [rows, cols] or null when not wanted
+  W* dw;              // [cols] or null when not wanted
+  W* db;              // [cols] or null when not wanted (always null for rms_norm)
+  int64_t rows;       // > 0
+  int64_t cols;       // > 0
 };
 
 // fp32 elements of scratch norm_bwd_cuda needs for these arguments (0 when dw and db are null).
