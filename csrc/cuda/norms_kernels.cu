@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kFwdMaxThreads, 1)
 // statistics (Welford per pack, merged across the block), pass 2 re-reads x (recently read, so
 // mostly from L2) and writes y.
 template <typename T, typename W, bool kRms, int VEC>
-__global__ void __launch_bounds__(kLoopThreads) norm_fwd_loop_kernel(NormFwdArgs<T, W> a) {
+__global__ void __launch_bounds__(kLoopThreads, 1) norm_fwd_loop_kernel(NormFwdArgs<T, W> a) {
   __shared__ float scratch[kWarp];
   __shared__ Welford wscratch[kWarp];
   const int64_t cols = a.cols, step = int64_t(blockDim.x) * VEC;
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
 // sum(g * xh); pass 2 re-reads x and dy (mostly from L2), writes dx and adds into the block's
 // own partial rows in global memory (zeroed by the launcher; one writer per element).
 template <typename T, typename W, bool kRms, int VEC>
-__global__ void __launch_bounds__(kLoopThreads)
+__global__ void __launch_bounds__(kLoopThreads, 1)
     norm_bwd_loop_kernel(NormBwdArgs<T, W> a, PartialRows part) {
   __shared__ float2 scratch[kWarp];
   const int64_t cols = a.cols, step = int64_t(blockDim.x) * VEC;
