@@ -30,6 +30,14 @@ TORCH_LIBRARY(fusedops, m) {
   // softmax (log=false) or log_softmax (log=true) along `dim`.
   m.def("softmax_fwd(Tensor input, int dim, bool log) -> Tensor");
   m.def("softmax_bwd(Tensor grad_output, Tensor output, int dim, bool log) -> Tensor");
+  // layer_norm / rms_norm over the trailing `normalized_shape` dims; statistics (one per row) in
+  // fp32 (fp64 for fp64 input). The _bwd ops compute only what output_mask asks for.
+  // clang-format off: one line per schema, so each op greps as one line
+  m.def("layer_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor out, Tensor mean, Tensor rstd)");
+  m.def("layer_norm_bwd(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor? grad_input, Tensor? grad_weight, Tensor? grad_bias)");
+  m.def("rms_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, float? eps) -> (Tensor out, Tensor rstd)");
+  m.def("rms_norm_bwd(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor rstd, Tensor? weight, bool[2] output_mask) -> (Tensor? grad_input, Tensor? grad_weight)");
+  // clang-format on
   m.def("build_info() -> str", &build_info);
 }
 

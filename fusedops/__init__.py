@@ -4,11 +4,11 @@ import torch
 
 from fusedops import nn
 from fusedops._ops import ops as _ops
-from fusedops.functional import log_softmax, softmax
+from fusedops.functional import layer_norm, log_softmax, rms_norm, softmax
 
 __version__ = "0.1.0"
 
-__all__ = ["build_info", "log_softmax", "nn", "softmax"]
+__all__ = ["build_info", "layer_norm", "log_softmax", "nn", "rms_norm", "softmax"]
 
 
 def build_info() -> dict:

@@ -28,3 +28,61 @@ def _softmax_bwd_fake(grad_output, output, dim, log):
     _wrap_dim("softmax_backward", dim, output.dim())
     torch._check(grad_output.shape == output.shape, lambda: "grad_output and output shapes differ")
     return torch.empty_like(output, memory_format=torch.contiguous_format)
+
+
+def _norm_rows(op: str, input, normalized_shape) -> int:
+    """Checks normalized_shape against input's trailing dims; returns the first normalized dim."""
+    k = len(normalized_shape)
+    torch._check(
+        k >= 1, lambda: f"fusedops.{op}: normalized_shape must have at least one dimension"
+    )
+    torch._check(
+        input.dim() >= k and tuple(input.shape[input.dim() - k :]) == tuple(normalized_shape),
+        lambda: (
+            f"fusedops.{op}: normalized_shape={list(normalized_shape)} does not match the "
+            f"trailing dimensions of input of shape {list(input.shape)}"
+        ),
+    )
+    return input.dim() - k
+
+
+def _norm_stat(input, axis: int):
+    """One statistic per row, fp32 (fp64 for fp64 input), contiguous."""
+    dtype = torch.float64 if input.dtype == torch.float64 else torch.float32
+    return input.new_empty(input.shape[:axis], dtype=dtype)
+
+
+def _norm_grad(param):
+    return None if param is None else torch.empty_like(param, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("fusedops::layer_norm_fwd")
+def _layer_norm_fwd_fake(input, normalized_shape, weight, bias, eps):
+    axis = _norm_rows("layer_norm", input, normalized_shape)
+    out = torch.empty_like(input, memory_format=torch.contiguous_format)
+    return out, _norm_stat(input, axis), _norm_stat(input, axis)
+
+
+@torch.library.register_fake("fusedops::layer_norm_bwd")
+def _layer_norm_bwd_fake(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    _norm_rows("layer_norm_backward", input, normalized_shape)
+    dx = torch.empty_like(input, memory_format=torch.contiguous_format) if output_mask[0] else None
+    return (
+        dx,
+        _norm_grad(weight) if output_mask[1] else None,
+        _norm_grad(bias) if output_mask[2] else None,
+    )
+
+
+@torch.library.register_fake("fusedops::rms_norm_fwd")
+def _rms_norm_fwd_fake(input, normalized_shape, weight, eps):
+    axis = _norm_rows("rms_norm", input, normalized_shape)
+    out = torch.empty_like(input, memory_format=torch.contiguous_format)
+    return out, _norm_stat(input, axis)
+
+
+@torch.library.register_fake("fusedops::rms_norm_bwd")
+def _rms_norm_bwd_fake(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    _norm_rows("rms_norm_backward", input, normalized_shape)
+    dx = torch.empty_like(input, memory_format=torch.contiguous_format) if output_mask[0] else None
+    return dx, _norm_grad(weight) if output_mask[1] else None

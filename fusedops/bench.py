@@ -97,7 +97,69 @@ register(
     )
 )
 
-DEFAULT_OPS = ("softmax_fwd", "softmax_bwd", "log_softmax_fwd")
+
+def _norm_inputs(bias: bool, param_dtype: torch.dtype | None = None):
+    """(x, weight[, bias]) with parameters in the input's dtype, or in param_dtype."""
+
+    def inputs(rows: int, n: int, dtype: torch.dtype, device: torch.device):
+        pdt = param_dtype or dtype
+        x = torch.randn(rows, n, dtype=dtype, device=device)
+        params = [torch.randn(n, dtype=pdt, device=device) for _ in range(2 if bias else 1)]
+        return (x, *params)
+
+    return inputs
+
+
+def _norm_spec(name: str, fused, eager, bias: bool, **kw) -> Spec:
+    return Spec(
+        name,
+        _norm_inputs(bias, kw.pop("param_dtype", None)),
+        fused=fused,
+        eager=eager,
+        fwd_bytes=lambda r, n, e: 2 * r * n * e,  # read x, write y
+        bwd_bytes=lambda r, n, e: 3 * r * n * e,  # read x and dy, write dx (+ dweight, dbias)
+        grad_args=(0, 1, 2) if bias else (0, 1),
+        **kw,
+    )
+
+
+def _layer_norm(f):
+    return lambda x, w, b: f(x, x.shape[-1:], w, b)
+
+
+def _rms_norm(f):
+    return lambda x, w: f(x, x.shape[-1:], w)
+
+
+_F = torch.nn.functional
+register(
+    _norm_spec("layer_norm", _layer_norm(fusedops.layer_norm), _layer_norm(_F.layer_norm), True)
+)
+register(_norm_spec("rms_norm", _rms_norm(fusedops.rms_norm), _rms_norm(_F.rms_norm), False))
+# bf16/fp16 activations with fp32 parameters (mixed-precision training's usual layout).
+register(
+    _norm_spec(
+        "layer_norm_fp32w",
+        _layer_norm(fusedops.layer_norm),
+        _layer_norm(_F.layer_norm),
+        True,
+        param_dtype=torch.float32,
+        shapes=((16384, 4096),),
+        family="layer_norm",
+    )
+)
+
+DEFAULT_OPS = (
+    "softmax_fwd",
+    "softmax_bwd",
+    "log_softmax_fwd",
+    "layer_norm_fwd",
+    "layer_norm_bwd",
+    "rms_norm_fwd",
+    "rms_norm_bwd",
+    "layer_norm_fp32w_fwd",
+    "layer_norm_fp32w_bwd",
+)
 
 
 def select(names) -> list[tuple[Spec, str]]:

@@ -4,7 +4,7 @@ import torch
 
 from fusedops import functional as F
 
-__all__ = ["Softmax", "LogSoftmax"]
+__all__ = ["LayerNorm", "LogSoftmax", "RMSNorm", "Softmax"]
 
 
 class Softmax(torch.nn.Softmax):
@@ -26,3 +26,19 @@ def _dim(dim, input: torch.Tensor) -> int:
     if dim is not None:
         return dim
     return 0 if input.dim() in (0, 1, 3) else 1
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """torch.nn.LayerNorm computed by fusedops.layer_norm: same constructor, parameters and
+    state_dict keys, so state dicts load either way."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(torch.nn.RMSNorm):
+    """torch.nn.RMSNorm computed by fusedops.rms_norm: same constructor, parameters and
+    state_dict keys, so state dicts load either way."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)

@@ -1,0 +1,196 @@
+// Autograd and autocast for layer_norm / rms_norm, the dispatch keys above the backends.
+// Autograd (C++, as softmax): the forward redispatches below the Autograd key and saves input,
+// parameters and the fp32 statistics; the backward runs the *_bwd op for just the gradients
+// autograd needs. Double backward is not implemented and raises rather than return wrong values.
+// AutocastCUDA: torch runs layer_norm and rms_norm in fp32 under CUDA autocast, so do we (CPU
+// autocast leaves both alone, and so does the fallthrough).
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <array>
+#include <optional>
+#include <tuple>
+
+namespace fusedops {
+namespace {
+
+using at::IntArrayRef;
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = std::optional<Tensor>;
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_op(const Tensor& input,
+                                                     IntArrayRef normalized_shape,
+                                                     const OptTensor& weight, const OptTensor& bias,
+                                                     double eps) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fusedops::layer_norm_fwd", "")
+          .typed<std::tuple<Tensor, Tensor, Tensor>(const Tensor&, IntArrayRef, const OptTensor&,
+                                                    const OptTensor&, double)>();
+  return op.call(input, normalized_shape, weight, bias, eps);
+}
+
+std::tuple<OptTensor, OptTensor, OptTensor> layer_norm_bwd_op(
+    const Tensor& grad_out, const Tensor& input, IntArrayRef normalized_shape, const Tensor& mean,
+    const Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
+    std::array<bool, 3> output_mask) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fusedops::layer_norm_bwd", "")
+                       .typed<std::tuple<OptTensor, OptTensor, OptTensor>(
+                           const Tensor&, const Tensor&, IntArrayRef, const Tensor&, const Tensor&,
+                           const OptTensor&, const OptTensor&, std::array<bool, 3>)>();
+  return op.call(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
+}
+
+std::tuple<Tensor, Tensor> rms_norm_fwd_op(const Tensor& input, IntArrayRef normalized_shape,
+                                           const OptTensor& weight, std::optional<double> eps) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fusedops::rms_norm_fwd", "")
+                       .typed<std::tuple<Tensor, Tensor>(
+                           const Tensor&, IntArrayRef, const OptTensor&, std::optional<double>)>();
+  return op.call(input, normalized_shape, weight, eps);
+}
+
+std::tuple<OptTensor, OptTensor> rms_norm_bwd_op(const Tensor& grad_out, const Tensor& input,
+                                                 IntArrayRef normalized_shape, const Tensor& rstd,
+                                                 const OptTensor& weight,
+                                                 std::array<bool, 2> output_mask) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fusedops::rms_norm_bwd", "")
+                       .typed<std::tuple<OptTensor, OptTensor>(
+                           const Tensor&, const Tensor&, IntArrayRef, const Tensor&,
+                           const OptTensor&, std::array<bool, 2>)>();
+  return op.call(grad_out, input, normalized_shape, rstd, weight, output_mask);
+}
+
+OptTensor opt(const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
+
+// A backward run with create_graph=True whose result could be differentiated again.
+void check_no_double_backward(const char* op, const variable_list& tensors) {
+  if (!at::GradMode::is_enabled()) return;
+  for (const Tensor& t : tensors) {
+    TORCH_CHECK(!t.defined() || !t.requires_grad(), "fusedops.", op,
+                ": double backward is not supported (backward was called with "
+                "create_graph=True and an input that requires grad)");
+  }
+}
+
+// Autograd's edges are the tensor arguments that were given: input, then weight and bias if
+// not None. needs[i] says whether the gradient of forward argument tensor i is wanted.
+template <size_t N>
+std::array<bool, N> needs_grads(AutogradContext* ctx, const std::array<bool, N>& given) {
+  std::array<bool, N> needs{};
+  size_t edge = 0;
+  for (size_t i = 0; i < N; ++i) {
+    if (given[i]) needs[i] = ctx->needs_input_grad(edge++);
+  }
+  return needs;
+}
+
+class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& input,
+                               IntArrayRef normalized_shape, const OptTensor& weight,
+                               const OptTensor& bias, double eps) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, mean, rstd] = layer_norm_fwd_op(input, normalized_shape, weight, bias, eps);
+    ctx->save_for_backward({input, weight.value_or(Tensor()), bias.value_or(Tensor()), mean, rstd});
+    ctx->saved_data["normalized_shape"] = normalized_shape.vec();
+    ctx->mark_non_differentiable({mean, rstd});
+    return {out, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const Tensor &input = saved[0], &weight = saved[1], &bias = saved[2];
+    check_no_double_backward("layer_norm", {grads[0], input, weight, bias});
+    const auto needs = needs_grads<3>(ctx, {true, weight.defined(), bias.defined()});
+    auto [dx, dw, db] =
+        layer_norm_bwd_op(grads[0], input, ctx->saved_data["normalized_shape"].toIntVector(),
+                          saved[3], saved[4], opt(weight), opt(bias), needs);
+    return {dx.value_or(Tensor()), Tensor(), dw.value_or(Tensor()), db.value_or(Tensor()),
+            Tensor()};
+  }
+};
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& input,
+                               IntArrayRef normalized_shape, const OptTensor& weight,
+                               std::optional<double> eps) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, rstd] = rms_norm_fwd_op(input, normalized_shape, weight, eps);
+    ctx->save_for_backward({input, weight.value_or(Tensor()), rstd});
+    ctx->saved_data["normalized_shape"] = normalized_shape.vec();
+    ctx->mark_non_differentiable({rstd});
+    return {out, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const Tensor &input = saved[0], &weight = saved[1];
+    check_no_double_backward("rms_norm", {grads[0], input, weight});
+    const auto needs = needs_grads<2>(ctx, {true, weight.defined()});
+    auto [dx, dw] =
+        rms_norm_bwd_op(grads[0], input, ctx->saved_data["normalized_shape"].toIntVector(),
+                        saved[2], opt(weight), needs);
+    return {dx.value_or(Tensor()), Tensor(), dw.value_or(Tensor()), Tensor()};
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_autograd(const Tensor& input,
+                                                           IntArrayRef normalized_shape,
+                                                           const OptTensor& weight,
+                                                           const OptTensor& bias, double eps) {
+  const variable_list r = LayerNormFunction::apply(input, normalized_shape, weight, bias, eps);
+  return {r[0], r[1], r[2]};
+}
+
+std::tuple<Tensor, Tensor> rms_norm_fwd_autograd(const Tensor& input, IntArrayRef normalized_shape,
+                                                 const OptTensor& weight,
+                                                 std::optional<double> eps) {
+  const variable_list r = RmsNormFunction::apply(input, normalized_shape, weight, eps);
+  return {r[0], r[1]};
+}
+
+// torch's CUDA autocast policy for layer_norm and rms_norm ("fp32"): every floating CUDA
+// argument but fp64 runs as fp32, so the output is fp32 too.
+Tensor to_fp32(const Tensor& t) {
+  return at::autocast::cached_cast(at::kFloat, t, c10::DeviceType::CUDA);
+}
+OptTensor to_fp32(const OptTensor& t) {
+  return at::autocast::cached_cast(at::kFloat, t, c10::DeviceType::CUDA);
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_autocast(const Tensor& input,
+                                                           IntArrayRef normalized_shape,
+                                                           const OptTensor& weight,
+                                                           const OptTensor& bias, double eps) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  return layer_norm_fwd_op(to_fp32(input), normalized_shape, to_fp32(weight), to_fp32(bias), eps);
+}
+
+std::tuple<Tensor, Tensor> rms_norm_fwd_autocast(const Tensor& input, IntArrayRef normalized_shape,
+                                                 const OptTensor& weight,
+                                                 std::optional<double> eps) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  return rms_norm_fwd_op(to_fp32(input), normalized_shape, to_fp32(weight), eps);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd_autograd);
+  m.impl("rms_norm_fwd", &rms_norm_fwd_autograd);
+}
+
+TORCH_LIBRARY_IMPL(fusedops, AutocastCUDA, m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd_autocast);
+  m.impl("rms_norm_fwd", &rms_norm_fwd_autocast);
+}
+
+}  // namespace fusedops

@@ -1,0 +1,357 @@
+// CPU layer_norm and rms_norm (one template, kRms), forward and backward, over contiguous rows.
+// Rows are split across threads (at::parallel_for); within a row the math is at::vec SIMD in
+// fp32 (fp64 for double), mean and variance in two passes. fp16/bf16 rows are widened into
+// per-thread buffers. dweight/dbias: each chunk of rows writes one partial row, and the partials
+// are summed column-wise in chunk order: bitwise reproducible for a given thread count.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "common/norm_host.h"
+
+namespace fusedops {
+namespace {
+
+template <typename T>
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename A>
+using Vec = at::vec::Vectorized<A>;
+
+// Calls f(i, tag) over [begin, end): tag is a Vec<A> for each full vector, then an A for each
+// tail element, so one generic body (using ld/st below) serves both widths.
+template <typename A, typename F>
+inline void for_each_vec(int64_t begin, int64_t end, const F& f) {
+  int64_t i = begin;
+  for (; i + Vec<A>::size() <= end; i += Vec<A>::size()) f(i, Vec<A>());
+  for (; i < end; ++i) f(i, A());
+}
+
+template <typename V, typename A>
+inline V ld(const A* p) {
+  if constexpr (std::is_same_v<V, A>) {
+    return *p;
+  } else {
+    return V::loadu(p);
+  }
+}
+
+template <typename A, typename V>
+inline void st(A* p, const V& v) {
+  if constexpr (std::is_same_v<V, A>) {
+    *p = v;
+  } else {
+    v.store(p);
+  }
+}
+
+// A sum fed by both vector and scalar (tail) steps. Vector steps go through a short inner
+// accumulator folded into the outer one every kInner steps: two short chains of roundings
+// instead of one as long as the row (rows reach 10^5 elements and more).
+template <typename A>
+struct Sum {
+  static constexpr int kInner = 64;
+  Vec<A> outer = Vec<A>(A(0)), inner = Vec<A>(A(0));
+  A s = A(0);
+  int n = 0;
+  void add(const Vec<A>& x) {
+    inner = inner + x;
+    if (++n == kInner) {
+      outer = outer + inner;
+      inner = Vec<A>(A(0));
+      n = 0;
+    }
+  }
+  void add(A x) { s += x; }
+  A total() const {
+    return at::vec::vec_reduce_all<A>([](Vec<A>& a, Vec<A>& b) { return a + b; }, outer + inner) +
+           s;
+  }
+};
+
+// A row as acc_t: the tensor's own memory when T is acc_t, else a widened copy in `buf`.
+template <typename T>
+const acc_t<T>* widen(const T* row, int64_t cols, std::vector<acc_t<T>>& buf) {
+  if constexpr (std::is_same_v<T, acc_t<T>>) {
+    return row;
+  } else {
+    at::vec::convert(row, buf.data(), cols);
+    return buf.data();
+  }
+}
+
+// Where to write a row in acc_t; narrow() copies it out when that was a buffer.
+template <typename T>
+acc_t<T>* out_row(T* row, std::vector<acc_t<T>>& buf) {
+  if constexpr (std::is_same_v<T, acc_t<T>>) {
+    return row;
+  } else {
+    return buf.data();
+  }
+}
+
+template <typename T>
+void narrow(const acc_t<T>* src, T* row, int64_t cols) {
+  if constexpr (!std::is_same_v<T, acc_t<T>>) {
+    at::vec::convert(src, row, cols);  // round-to-nearest-even, SIMD where at::vec has it
+  }
+}
+
+template <typename T>
+size_t buf_size(int64_t cols) {
+  return std::is_same_v<T, acc_t<T>> ? 0 : static_cast<size_t>(cols);
+}
+
+// Rows per task: about 32K elements, so short rows don't drown in scheduling overhead.
+constexpr int64_t kGrainElems = 32768;
+
+// y = (x - mean) * rstd * w + b, with mean = 0 for rms_norm. w, b: acc_t [cols] or null.
+template <typename T, bool kRms>
+void norm_fwd_rows(const T* x, const acc_t<T>* w, const acc_t<T>* b, T* y, acc_t<T>* mean,
+                   acc_t<T>* rstd, int64_t rows, int64_t cols, double eps) {
+  using A = acc_t<T>;
+  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(cols, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> xbuf(buf_size<T>(cols)), ybuf(xbuf.size());
+    for (int64_t r = begin; r < end; ++r) {
+      const A* xr = widen(x + r * cols, cols, xbuf);
+      A* yr = out_row(y + r * cols, ybuf);
+      A m = A(0);
+      if constexpr (!kRms) {
+        Sum<A> s;
+        for_each_vec<A>(0, cols, [&](int64_t i, auto t) { s.add(ld<decltype(t)>(xr + i)); });
+        m = s.total() / A(cols);
+      }
+      // Second pass over the row (in cache) for sum((x - mean)^2): exact, no cancellation.
+      Sum<A> q;
+      for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+        using V = decltype(t);
+        const V d = ld<V>(xr + i) - V(m);
+        q.add(d * d);
+      });
+      const A rs = A(1) / std::sqrt(q.total() / A(cols) + A(eps));
+      for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+        using V = decltype(t);
+        V v = (ld<V>(xr + i) - V(m)) * V(rs);
+        if (w != nullptr) v = v * ld<V>(w + i);
+        if (b != nullptr) v = v + ld<V>(b + i);
+        st(yr + i, v);
+      });
+      narrow<T>(yr, y + r * cols, cols);
+      if (mean != nullptr) mean[r] = m;
+      rstd[r] = rs;
+    }
+  });
+}
+
+// With xh = (x - mean) * rstd and g = dy * w (w = 1 when absent):
+//   dx = rstd * (g - mean(g) - xh * mean(g * xh))   (rms_norm: no mean(g) term)
+//   dw_part[c] += dy * xh,  db_part[c] += dy        over the rows of chunk c
+// Each output is computed only when its pointer is non-null; the partials start zeroed.
+template <typename T, bool kRms>
+void norm_bwd_rows(const T* dy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
+                   const acc_t<T>* w, T* dx, acc_t<T>* dw_part, acc_t<T>* db_part, int64_t rows,
+                   int64_t cols, int64_t chunks) {
+  using A = acc_t<T>;
+  at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
+    std::vector<A> xbuf(buf_size<T>(cols)), dybuf(xbuf.size()), dxbuf(xbuf.size());
+    for (int64_t c = c_begin; c < c_end; ++c) {
+      A* dwp = dw_part != nullptr ? dw_part + c * cols : nullptr;
+      A* dbp = db_part != nullptr ? db_part + c * cols : nullptr;
+      for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
+        const A* xr = widen(x + r * cols, cols, xbuf);
+        const A* dyr = widen(dy + r * cols, cols, dybuf);
+        const A m = kRms ? A(0) : mean[r];
+        const A rs = rstd[r];
+        auto xhat = [&](auto t, int64_t i) {
+          using V = decltype(t);
+          return (ld<V>(xr + i) - V(m)) * V(rs);
+        };
+        auto grad = [&](auto t, int64_t i) {
+          using V = decltype(t);
+          return w != nullptr ? ld<V>(dyr + i) * ld<V>(w + i) : ld<V>(dyr + i);
+        };
+        if (dx != nullptr) {
+          Sum<A> sg, sgx;
+          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+            const auto g = grad(t, i);
+            sg.add(g);
+            sgx.add(g * xhat(t, i));
+          });
+          const A c1 = kRms ? A(0) : sg.total() / A(cols);
+          const A c2 = sgx.total() / A(cols);
+          A* dxr = out_row(dx + r * cols, dxbuf);
+          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+            using V = decltype(t);
+            st(dxr + i, V(rs) * (grad(t, i) - V(c1) - xhat(t, i) * V(c2)));
+          });
+          narrow<T>(dxr, dx + r * cols, cols);
+        }
+        if (dwp != nullptr || dbp != nullptr) {
+          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+            using V = decltype(t);
+            const V g = ld<V>(dyr + i);
+            if (dwp != nullptr) st(dwp + i, ld<V>(dwp + i) + g * xhat(t, i));
+            if (dbp != nullptr) st(dbp + i, ld<V>(dbp + i) + g);
+          });
+        }
+      }
+    }
+  });
+}
+
+// out[j] = sum over c = 0, 1, ... of part[c][j], in that order whatever the thread split.
+template <typename A>
+void sum_partials(const A* part, A* out, int64_t chunks, int64_t cols) {
+  at::parallel_for(0, cols, kGrainElems, [&](int64_t begin, int64_t end) {
+    for_each_vec<A>(begin, end, [&](int64_t j, auto t) {
+      using V = decltype(t);
+      V s = ld<V>(part + j);
+      for (int64_t c = 1; c < chunks; ++c) s = s + ld<V>(part + c * cols + j);
+      st(out + j, s);
+    });
+  });
+}
+
+template <typename A>
+const A* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<A>() : nullptr;
+}
+
+template <typename A>
+A* mut_ptr_or_null(at::Tensor& t) {
+  return t.defined() ? t.mutable_data_ptr<A>() : nullptr;
+}
+
+// A parameter as a contiguous acc_t tensor (a no-op for fp32 parameters of fp32 input).
+at::Tensor param_acc(const std::optional<at::Tensor>& p, at::ScalarType acc) {
+  return has_tensor(p) ? p->to(acc).contiguous() : at::Tensor();
+}
+
+template <bool kRms>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(const char* op, const at::Tensor& input,
+                                                            at::IntArrayRef normalized_shape,
+                                                            const std::optional<at::Tensor>& weight,
+                                                            const std::optional<at::Tensor>& bias,
+                                                            double eps) {
+  const NormProblem p = norm_problem(op, input, normalized_shape);
+  check_norm_params(op, input, normalized_shape, weight, bias);
+  const at::Tensor x = input.contiguous();
+  at::Tensor out = at::empty_like(x);
+  at::Tensor mean = kRms ? at::Tensor() : norm_stat_empty(input, p);
+  at::Tensor rstd = norm_stat_empty(input, p);
+  if (p.rows == 0) return {out, mean, rstd};
+  if (p.cols == 0) {
+    fill_empty_row_stats(mean, rstd);
+    return {out, mean, rstd};
+  }
+  const at::ScalarType acc = norm_stat_dtype(input);
+  const at::Tensor w = param_acc(weight, acc), b = param_acc(bias, acc);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "norm_fwd_cpu", [&] {
+    using A = acc_t<scalar_t>;
+    norm_fwd_rows<scalar_t, kRms>(x.const_data_ptr<scalar_t>(), ptr_or_null<A>(w),
+                                  ptr_or_null<A>(b), out.mutable_data_ptr<scalar_t>(),
+                                  mut_ptr_or_null<A>(mean), rstd.mutable_data_ptr<A>(), p.rows,
+                                  p.cols, eps);
+  });
+  return {out, mean, rstd};
+}
+
+template <bool kRms>
+std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>>
+norm_bwd_cpu(const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+             at::IntArrayRef normalized_shape, const at::Tensor* mean, const at::Tensor& rstd,
+             const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+             std::array<bool, 3> output_mask) {
+  const NormProblem p =
+      check_norm_bwd(op, grad_out, input, normalized_shape, mean, rstd, weight, bias);
+  const bool need_dw = output_mask[1] && has_tensor(weight);
+  const bool need_db = output_mask[2] && has_tensor(bias);
+  const at::Tensor x = input.contiguous(), dy = grad_out.contiguous();
+  at::Tensor dx = output_mask[0] ? at::empty_like(x) : at::Tensor();
+  const at::ScalarType acc = norm_stat_dtype(input);
+  const int64_t chunks =
+      std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(p.rows, 1));
+  at::Tensor dw_part = need_dw ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
+  at::Tensor db_part = need_db ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
+  if (x.numel() > 0) {
+    const at::Tensor w = param_acc(weight, acc);
+    const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
+    const at::Tensor rstd_c = rstd.contiguous();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "norm_bwd_cpu", [&] {
+      using A = acc_t<scalar_t>;
+      norm_bwd_rows<scalar_t, kRms>(
+          dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), ptr_or_null<A>(mean_c),
+          rstd_c.const_data_ptr<A>(), ptr_or_null<A>(w), mut_ptr_or_null<scalar_t>(dx),
+          mut_ptr_or_null<A>(dw_part), mut_ptr_or_null<A>(db_part), p.rows, p.cols, chunks);
+    });
+  }
+  auto reduce = [&](const at::Tensor& part, const std::optional<at::Tensor>& param) {
+    std::optional<at::Tensor> none;
+    if (!part.defined()) return none;
+    at::Tensor sum = at::empty({p.cols}, part.options());
+    AT_DISPATCH_FLOATING_TYPES(acc, "norm_bwd_cpu_partials", [&] {
+      sum_partials(part.const_data_ptr<scalar_t>(), sum.mutable_data_ptr<scalar_t>(), chunks,
+                   p.cols);
+    });
+    return std::optional<at::Tensor>(sum.view(normalized_shape).to(param->scalar_type()));
+  };
+  return {output_mask[0] ? std::optional<at::Tensor>(dx) : std::nullopt, reduce(dw_part, weight),
+          reduce(db_part, bias)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(
+    const at::Tensor& input, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
+  return norm_fwd_cpu<false>("layer_norm", input, normalized_shape, weight, bias, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cpu(const at::Tensor& input,
+                                                    at::IntArrayRef normalized_shape,
+                                                    const std::optional<at::Tensor>& weight,
+                                                    std::optional<double> eps) {
+  auto [out, mean, rstd] = norm_fwd_cpu<true>("rms_norm", input, normalized_shape, weight,
+                                              std::nullopt, rms_norm_eps(input, eps));
+  return {out, rstd};
+}
+
+std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>>
+layer_norm_bwd_cpu(const at::Tensor& grad_out, const at::Tensor& input,
+                   at::IntArrayRef normalized_shape, const at::Tensor& mean, const at::Tensor& rstd,
+                   const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+                   std::array<bool, 3> output_mask) {
+  return norm_bwd_cpu<false>("layer_norm_backward", grad_out, input, normalized_shape, &mean, rstd,
+                             weight, bias, output_mask);
+}
+
+std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>> rms_norm_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
+    const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
+    std::array<bool, 2> output_mask) {
+  auto [dx, dw, db] =
+      norm_bwd_cpu<true>("rms_norm_backward", grad_out, input, normalized_shape, nullptr, rstd,
+                         weight, std::nullopt, {output_mask[0], output_mask[1], false});
+  return {dx, dw};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusedops, CPU, m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd_cpu);
+  m.impl("layer_norm_bwd", &layer_norm_bwd_cpu);
+  m.impl("rms_norm_fwd", &rms_norm_fwd_cpu);
+  m.impl("rms_norm_bwd", &rms_norm_bwd_cpu);
+}
+
+}  // namespace fusedops

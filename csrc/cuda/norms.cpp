@@ -1,0 +1,205 @@
+// CUDA host side of layer_norm / rms_norm: checks, allocation and dtype dispatch around the
+// torch-free launchers of norms_kernels.cu, and the CUDA kernel registrations.
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <array>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+
+#include "common/cuda_host.h"
+#include "common/norm_host.h"
+#include "cuda/norms_kernels.h"
+
+namespace fusedops {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+
+void check_cuda_dtype(const char* op, const at::Tensor& input) {
+  TORCH_CHECK_TYPE(input.scalar_type() != at::kDouble, "fusedops.", op,
+                   ": float64 input is not supported on CUDA (use float32, float16 or bfloat16)");
+}
+
+// Calls f(T*, W*) (null type tags): T the CUDA type of the input, W that of the parameters:
+// float when they are fp32, else T (norm_host.h allows nothing else).
+template <typename T, typename F>
+void with_param_type(std::optional<at::ScalarType> w, F& f) {
+  if (w == at::kFloat) {
+    f(static_cast<T*>(nullptr), static_cast<float*>(nullptr));
+  } else {
+    f(static_cast<T*>(nullptr), static_cast<T*>(nullptr));
+  }
+}
+
+template <typename F>
+void dispatch_norm(at::ScalarType x, std::optional<at::ScalarType> w, F&& f) {
+  switch (x) {
+    case at::kFloat:
+      return with_param_type<float>(w, f);
+    case at::kHalf:
+      return with_param_type<__half>(w, f);
+    case at::kBFloat16:
+      return with_param_type<__nv_bfloat16>(w, f);
+    default:  // check_floating and check_cuda_dtype let nothing else through
+      TORCH_CHECK(false, "fusedops: no CUDA norm kernel for dtype ", x);
+  }
+}
+
+std::optional<at::ScalarType> param_dtype(const at::Tensor& w, const at::Tensor& b) {
+  if (w.defined()) return w.scalar_type();
+  if (b.defined()) return b.scalar_type();
+  return std::nullopt;
+}
+
+at::Tensor contiguous_or_undefined(const OptTensor& t) {
+  return has_tensor(t) ? t->contiguous() : at::Tensor();
+}
+
+template <typename P>
+const P* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? static_cast<const P*>(t.const_data_ptr()) : nullptr;
+}
+
+template <typename P>
+P* mut_ptr_or_null(at::Tensor& t) {
+  return t.defined() ? static_cast<P*>(t.mutable_data_ptr()) : nullptr;
+}
+
+template <bool kRms>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda_impl(
+    const char* op, const at::Tensor& input, at::IntArrayRef normalized_shape,
+    const OptTensor& weight, const OptTensor& bias, double eps) {
+  const NormProblem p = norm_problem(op, input, normalized_shape);
+  check_norm_params(op, input, normalized_shape, weight, bias);
+  check_cuda_dtype(op, input);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor x = input.contiguous();
+  const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
+  at::Tensor out = at::empty_like(x);
+  at::Tensor mean = kRms ? at::Tensor() : norm_stat_empty(input, p);
+  at::Tensor rstd = norm_stat_empty(input, p);
+  if (p.rows == 0) return {out, mean, rstd};
+  if (p.cols == 0) {
+    fill_empty_row_stats(mean, rstd);
+    return {out, mean, rstd};
+  }
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const DeviceInfo info = current_device_info();
+  dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
+    using T = std::remove_pointer_t<decltype(t_tag)>;
+    using W = std::remove_pointer_t<decltype(w_tag)>;
+    const NormFwdArgs<T, W> args{ptr_or_null<T>(x),
+                                 ptr_or_null<W>(w),
+                                 ptr_or_null<W>(b),
+                                 mut_ptr_or_null<T>(out),
+                                 mut_ptr_or_null<float>(mean),
+                                 mut_ptr_or_null<float>(rstd),
+                                 p.rows,
+                                 p.cols,
+                                 static_cast<float>(eps)};
+    C10_CUDA_CHECK((norm_fwd_cuda<T, W, kRms>(args, info, stream)));
+  });
+  return {out, mean, rstd};
+}
+
+template <bool kRms>
+std::tuple<OptTensor, OptTensor, OptTensor> norm_bwd_cuda_impl(
+    const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+    at::IntArrayRef normalized_shape, const at::Tensor* mean, const at::Tensor& rstd,
+    const OptTensor& weight, const OptTensor& bias, std::array<bool, 3> output_mask) {
+  const NormProblem p =
+      check_norm_bwd(op, grad_out, input, normalized_shape, mean, rstd, weight, bias);
+  check_cuda_dtype(op, input);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor x = input.contiguous(), dy = grad_out.contiguous();
+  const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
+  const at::Tensor rstd_c = rstd.contiguous();
+  const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
+  at::Tensor dx = output_mask[0] ? at::empty_like(x) : at::Tensor();
+  at::Tensor dw = output_mask[1] && w.defined() ? at::empty_like(w) : at::Tensor();
+  at::Tensor db = output_mask[2] && b.defined() ? at::empty_like(b) : at::Tensor();
+  auto result = [&]() -> std::tuple<OptTensor, OptTensor, OptTensor> {
+    return {dx.defined() ? OptTensor(dx) : std::nullopt,
+            dw.defined() ? OptTensor(dw) : std::nullopt,
+            db.defined() ? OptTensor(db) : std::nullopt};
+  };
+  if (x.numel() == 0) {  // no rows: parameter gradients are sums of nothing
+    if (dw.defined()) dw.zero_();
+    if (db.defined()) db.zero_();
+    return result();
+  }
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const DeviceInfo info = current_device_info();
+  dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
+    using T = std::remove_pointer_t<decltype(t_tag)>;
+    using W = std::remove_pointer_t<decltype(w_tag)>;
+    const NormBwdArgs<T, W> args{ptr_or_null<T>(dy),
+                                 ptr_or_null<T>(x),
+                                 ptr_or_null<float>(mean_c),
+                                 ptr_or_null<float>(rstd_c),
+                                 ptr_or_null<W>(w),
+                                 mut_ptr_or_null<T>(dx),
+                                 mut_ptr_or_null<W>(dw),
+                                 mut_ptr_or_null<W>(db),
+                                 p.rows,
+                                 p.cols};
+    at::Tensor workspace =
+        at::empty({norm_bwd_workspace_size<T, W, kRms>(args, info)}, x.options().dtype(at::kFloat));
+    C10_CUDA_CHECK(
+        (norm_bwd_cuda<T, W, kRms>(args, mut_ptr_or_null<float>(workspace), info, stream)));
+  });
+  return result();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& input,
+                                                                   at::IntArrayRef normalized_shape,
+                                                                   const OptTensor& weight,
+                                                                   const OptTensor& bias,
+                                                                   double eps) {
+  return norm_fwd_cuda_impl<false>("layer_norm", input, normalized_shape, weight, bias, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cuda(const at::Tensor& input,
+                                                     at::IntArrayRef normalized_shape,
+                                                     const OptTensor& weight,
+                                                     std::optional<double> eps) {
+  auto [out, mean, rstd] = norm_fwd_cuda_impl<true>("rms_norm", input, normalized_shape, weight,
+                                                    std::nullopt, rms_norm_eps(input, eps));
+  return {out, rstd};
+}
+
+std::tuple<OptTensor, OptTensor, OptTensor> layer_norm_bwd_cuda(
+    const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
+    const at::Tensor& mean, const at::Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
+    std::array<bool, 3> output_mask) {
+  return norm_bwd_cuda_impl<false>("layer_norm_backward", grad_out, input, normalized_shape, &mean,
+                                   rstd, weight, bias, output_mask);
+}
+
+std::tuple<OptTensor, OptTensor> rms_norm_bwd_cuda(const at::Tensor& grad_out,
+                                                   const at::Tensor& input,
+                                                   at::IntArrayRef normalized_shape,
+                                                   const at::Tensor& rstd, const OptTensor& weight,
+                                                   std::array<bool, 2> output_mask) {
+  auto [dx, dw, db] =
+      norm_bwd_cuda_impl<true>("rms_norm_backward", grad_out, input, normalized_shape, nullptr,
+                               rstd, weight, std::nullopt, {output_mask[0], output_mask[1], false});
+  return {dx, dw};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd_cuda);
+  m.impl("layer_norm_bwd", &layer_norm_bwd_cuda);
+  m.impl("rms_norm_fwd", &rms_norm_fwd_cuda);
+  m.impl("rms_norm_bwd", &rms_norm_bwd_cuda);
+}
+
+}  // namespace fusedops

@@ -1,0 +1,831 @@
+// layer_norm / rms_norm forward and backward (kRms: rms_norm, i.e. mean 0 and no bias).
+// Ownership: each row belongs to a team of threads that holds it in registers, kPacks packs of
+// VEC elements per thread (16-byte accesses when VEC = kVec16<T>), so x is read once and y
+// written once: a warp (short rows, several per block, shuffles only), a block or part of one,
+// or the blocks of a cluster (sm_90+, partial sums exchanged through distributed shared memory).
+// Rows too long even for a cluster take looping kernels that read them twice, the second time
+// mostly from L2. Numerics: fp32 throughout; mean and variance in two passes over the registers
+// (Welford per pack in the looping kernel). Backward: each team sums its rows' dweight/dbias in
+// registers into one fp32 partial row; norm_partials_kernel adds the partial rows in a fixed
+// order: deterministic, no float atomics. Preconditions (the launchers check them): rows,
+// cols > 0; VEC > 1 only when cols % VEC == 0 and every pointer is 16-byte aligned.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <utility>
+
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
+#include "cuda/norms_kernels.h"
+
+namespace fusedops {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kWarp = 32;
+constexpr int kMaxClusterRanks = 8;      // the portable cluster size (forward)
+constexpr int kMaxBwdClusterRanks = 16;  // backward, where the GPU allows this many (H100 does)
+constexpr int kFwdMaxThreads = 512;      // per block; forward teams hold 4 or 8 packs per thread,
+constexpr int kFwdScalars = 16;          // or 16 elements when rows aren't 16-byte aligned
+constexpr int kFwdWarpRowsPerBlock = 4;
+constexpr int kBwdMaxThreads = 512;  // per block; backward teams hold 16 elements per thread
+constexpr int kBwdScalars = 8;       // (x, dy and two accumulators), 8 when rows aren't aligned
+constexpr int kLoopThreads = 512;
+constexpr int kLoopUnroll = 4;        // packs in flight per thread in the looping kernels
+constexpr int kPartSlices = 8;        // norm_partials_kernel: partial rows summed in 8 slices
+constexpr int kPartCols = kWarp * 4;  // ... of 32 float4 columns per block
+
+struct Sum2Op {
+  __device__ __forceinline__ float2 operator()(float2 a, float2 b) const {
+    return make_float2(a.x + b.x, a.y + b.y);
+  }
+  template <typename V>
+  __device__ static V identity() {
+    return V{0.f, 0.f};
+  }
+};
+
+// Count, mean and sum of squared deviations of a set of values; merged with Chan's formula.
+struct Welford {
+  float n, mean, m2;
+};
+
+struct WelfordOp {
+  __device__ __forceinline__ Welford operator()(const Welford& a, const Welford& b) const {
+    const float n = a.n + b.n;
+    if (n == 0.f) return a;
+    const float d = b.mean - a.mean, fb = b.n / n;
+    return {n, a.mean + d * fb, a.m2 + b.m2 + d * d * a.n * fb};
+  }
+  template <typename V>
+  __device__ static V identity() {
+    return V{0.f, 0.f, 0.f};
+  }
+};
+
+// The threads that own one row: a warp (kWarpRow: several per block), a block or an equal part
+// of one (several per block for short rows), or all blocks of a cluster (sm_90+; the kernel was
+// launched with a cluster dimension). Thread t owns the packs at columns (p * g + t) * VEC.
+struct Team {
+  int g;          // threads in the team
+  int t;          // this thread's rank in it
+  int per_block;  // teams per block (1 for a cluster team)
+  int index;      // this thread's team within its block
+  int ranks;      // blocks per team: > 1 only for a cluster
+};
+
+template <bool kWarpRow>
+__device__ __forceinline__ Team make_team(int group) {
+  const int tid = threadIdx.x, threads = blockDim.x;
+  if constexpr (kWarpRow) {
+    return {kWarp, tid % kWarp, threads / kWarp, tid / kWarp, 1};
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const cg::cluster_group cluster = cg::this_cluster();
+    const int ranks = static_cast<int>(cluster.num_blocks());
+    if (ranks > 1) {
+      return {ranks * threads, static_cast<int>(cluster.block_rank()) * threads + tid, 1, 0, ranks};
+    }
+#endif
+    return {group, tid % group, threads / group, tid / group, 1};
+  }
+}
+
+// First row of this thread's team and the step between its rows. Every thread of a block runs
+// the same iterations (rows past the end idle), so the block's barriers stay matched.
+__device__ __forceinline__ int64_t team_first_row(const Team& team) {
+  return int64_t(blockIdx.x / team.ranks) * team.per_block;
+}
+__device__ __forceinline__ int64_t team_row_step(const Team& team) {
+  return int64_t(gridDim.x / team.ranks) * team.per_block;
+}
+
+// All-reduce over a team; every thread of the block (of the cluster) must call it. scratch: 32
+// slots of shared memory; exch: 2 slots, used by turns (`parity`) by a cluster's exchanges, so
+// one cluster barrier per exchange suffices: a block rewrites a slot only after the next
+// exchange's barrier, which every block reaches after reading the slot. The order of additions
+// is fixed: deterministic.
+template <bool kWarpRow, typename V, typename Op>
+__device__ __forceinline__ V team_allreduce(V v, Op op, const Team& team, V* scratch, V* exch,
+                                            int& parity) {
+  v = group_allreduce<kWarp>(v, op);
+  if constexpr (!kWarpRow) {
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const int warps = team.g / team.ranks / kWarp;  // this block's warps in the team
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[warp / warps * warps + lane] : Op::template identity<V>();
+    v = group_allreduce<kWarp>(v, op);
+    __syncthreads();  // scratch is rewritten by the next reduction
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (team.ranks > 1) {
+      const cg::cluster_group cluster = cg::this_cluster();
+      if (threadIdx.x == 0) exch[parity] = v;
+      cluster.sync();
+      v = Op::template identity<V>();
+      for (int q = 0; q < team.ranks; ++q) v = op(v, *cluster.map_shared_rank(&exch[parity], q));
+      parity ^= 1;
+    }
+#endif
+  }
+  return v;
+}
+
+// A cluster team's blocks keep their shared memory until every block has read it.
+__device__ __forceinline__ void team_exit(const Team& team) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (team.ranks > 1) cg::this_cluster().sync();
+#endif
+}
+
+// VEC elements at p widened to fp32, moved in accesses of at most 16 bytes (an fp32 weight
+// beside bf16 activations takes two).
+template <int VEC, typename S>
+__device__ __forceinline__ void load_f32(const S* p, float (&out)[VEC]) {
+  constexpr int kSub = VEC < kVec16<S> ? VEC : kVec16<S>;
+#pragma unroll
+  for (int s = 0; s < VEC; s += kSub) {
+    const Pack<S, kSub> pk = load_pack<S, kSub>(p + s);
+#pragma unroll
+    for (int j = 0; j < kSub; ++j) out[s + j] = to_acc(pk.v[j]);
+  }
+}
+
+template <int VEC, typename S>
+__device__ __forceinline__ void store_f32(S* p, const float (&in)[VEC]) {
+  constexpr int kSub = VEC < kVec16<S> ? VEC : kVec16<S>;
+  if constexpr (kSub == VEC) {
+    store_pack<S, VEC>(p, pack_from_acc<S, VEC>(in));
+  } else {
+#pragma unroll
+    for (int s = 0; s < VEC; s += kSub) {
+      Pack<S, kSub> pk;
+#pragma unroll
+      for (int j = 0; j < kSub; ++j) pk.v[j] = from_acc<S>(in[s + j]);
+      store_pack<S, kSub>(p + s, pk);
+    }
+  }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void widen(const Pack<T, VEC>& pk, float (&out)[VEC]) {
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) out[j] = to_acc(pk.v[j]);
+}
+
+// out = (v - mu) * rs * w + b for one pack (w, b optional).
+template <int VEC, typename W>
+__device__ __forceinline__ void normalize_pack(const float (&v)[VEC], float mu, float rs,
+                                               const W* w, const W* b, float (&out)[VEC]) {
+  float wv[VEC], bv[VEC];
+  if (w != nullptr) load_f32<VEC>(w, wv);
+  if (b != nullptr) load_f32<VEC>(b, bv);
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    out[j] = (v[j] - mu) * rs;
+    if (w != nullptr) out[j] *= wv[j];
+    if (b != nullptr) out[j] += bv[j];
+  }
+}
+
+// Forward, row in registers. Each pack index p is one coalesced sweep of the team over the row.
+// The packs stay in T (half the registers for fp16/bf16) and are widened at each use.
+template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
+__global__ void __launch_bounds__(kFwdMaxThreads, 1)
+    norm_fwd_kernel(NormFwdArgs<T, W> a, int group) {
+  __shared__ float scratch[kWarp], exch[2];
+  const Team team = make_team<kWarpRow>(group);
+  const int g = team.g, t = team.t;
+  const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
+  int parity = 0;
+  for (int64_t base = team_first_row(team); base < a.rows; base += team_row_step(team)) {
+    const int64_t row = base + team.index;
+    const bool valid = row < a.rows;
+    Pack<T, VEC> x[kPacks];
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      const int col = (p * g + t) * VEC;
+      if (valid && col < cols) {
+        x[p] = load_pack<T, VEC>(a.x + row * a.cols + col);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) x[p].v[j] = from_acc<T>(0.f);
+      }
+    }
+    float mu = 0.f;
+    if constexpr (!kRms) {
+      float s = 0.f;
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) {
+        float v[VEC];
+        widen(x[p], v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s += v[j];
+      }
+      mu = team_allreduce<kWarpRow>(s, SumOp(), team, scratch, exch, parity) / cols;
+    }
+    float q = 0.f;
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      if ((p * g + t) * VEC < cols) {  // padding lanes hold 0, not mu
+        float v[VEC];
+        widen(x[p], v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) q += (v[j] - mu) * (v[j] - mu);
+      }
+    }
+    q = team_allreduce<kWarpRow>(q, SumOp(), team, scratch, exch, parity);
+    const float rs = rsqrtf(q / cols + a.eps);
+    if (!valid) continue;  // after the last barrier of this iteration
+    if (t == 0) {
+      if constexpr (!kRms) a.mean[row] = mu;
+      a.rstd[row] = rs;
+    }
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      const int col = (p * g + t) * VEC;
+      if (col < cols) {
+        float v[VEC], out[VEC];
+        widen(x[p], v);
+        normalize_pack<VEC>(v, mu, rs, a.w ? a.w + col : nullptr, a.b ? a.b + col : nullptr, out);
+        store_f32<VEC>(a.y + row * a.cols + col, out);
+      }
+    }
+  }
+  team_exit(team);
+}
+
+// Forward for rows that don't fit in registers: a block per row; pass 1 accumulates the
+// statistics (Welford per pack, merged across the block), pass 2 re-reads x (recently read, so
+// mostly from L2) and writes y.
+template <typename T, typename W, bool kRms, int VEC>
+__global__ void __launch_bounds__(kLoopThreads, 1) norm_fwd_loop_kernel(NormFwdArgs<T, W> a) {
+  __shared__ float scratch[kWarp];
+  __shared__ Welford wscratch[kWarp];
+  const int64_t cols = a.cols, step = int64_t(blockDim.x) * VEC;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const T* xr = a.x + row * cols;
+    float sq = 0.f;
+    Welford acc{0.f, 0.f, 0.f};
+    for (int64_t c0 = int64_t(threadIdx.x) * VEC; c0 < cols; c0 += step * kLoopUnroll) {
+      float v[kLoopUnroll][VEC];
+#pragma unroll
+      for (int u = 0; u < kLoopUnroll; ++u) {
+        if (c0 + u * step < cols) load_f32<VEC>(xr + c0 + u * step, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kLoopUnroll; ++u) {
+        if (c0 + u * step >= cols) continue;
+        if constexpr (kRms) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) sq += v[u][j] * v[u][j];
+        } else {
+          float m = 0.f, m2 = 0.f;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) m += v[u][j];
+          m /= VEC;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) m2 += (v[u][j] - m) * (v[u][j] - m);
+          acc = WelfordOp()(acc, Welford{float(VEC), m, m2});
+        }
+      }
+    }
+    float mu = 0.f, var;
+    if constexpr (kRms) {
+      var = block_allreduce(sq, SumOp(), scratch) / cols;
+    } else {
+      acc = block_allreduce(acc, WelfordOp(), wscratch);
+      mu = acc.mean;
+      var = acc.m2 / cols;
+    }
+    const float rs = rsqrtf(var + a.eps);
+    if (threadIdx.x == 0) {
+      if constexpr (!kRms) a.mean[row] = mu;
+      a.rstd[row] = rs;
+    }
+    for (int64_t c0 = int64_t(threadIdx.x) * VEC; c0 < cols; c0 += step * kLoopUnroll) {
+      float v[kLoopUnroll][VEC];
+#pragma unroll
+      for (int u = 0; u < kLoopUnroll; ++u) {
+        if (c0 + u * step < cols) load_f32<VEC>(xr + c0 + u * step, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kLoopUnroll; ++u) {
+        const int64_t col = c0 + u * step;
+        if (col >= cols) continue;
+        float out[VEC];
+        normalize_pack<VEC>(v[u], mu, rs, a.w ? a.w + col : nullptr, a.b ? a.b + col : nullptr,
+                            out);
+        store_f32<VEC>(a.y + row * cols + col, out);
+      }
+    }
+  }
+}
+
+// Where a backward kernel puts its dweight/dbias partial sums: row blockIdx.x / (blocks per
+// team) of dw / db ([partial rows, ld] fp32; either may be null). group: threads per team when
+// a team doesn't span a cluster.
+struct PartialRows {
+  float* dw;
+  float* db;
+  int64_t ld;
+  int group;
+};
+
+// Backward, row in registers (teams as in norm_fwd_kernel; x and dy kept in T). With
+// xh = (x - mean) * rstd and g = dy * w:
+//   dx = rstd * (g - mean(g) - xh * mean(g * xh))   (rms_norm: no mean(g) term)
+// dw += dy * xh and db += dy accumulate in fp32 registers over the team's rows; at the end the
+// teams of a block are summed in shared memory (fixed order) into the block's partial row, or
+// each block of a cluster team writes its columns of the cluster's partial row.
+template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
+__global__ void __launch_bounds__(kBwdMaxThreads, 1)
+    norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows part) {
+  extern __shared__ float red[];  // [per_block, g * kPacks * VEC] when per_block > 1
+  __shared__ float2 scratch[kWarp], exch[2];
+  const Team team = make_team<kWarpRow>(part.group);
+  const int g = team.g, t = team.t;
+  const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
+  float dw_acc[kPacks][VEC] = {}, db_acc[kPacks][VEC] = {};
+  int parity = 0;
+  for (int64_t base = team_first_row(team); base < a.rows; base += team_row_step(team)) {
+    const int64_t row = base + team.index;
+    const bool valid = row < a.rows;
+    Pack<T, VEC> x[kPacks], dy[kPacks];
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      const int col = (p * g + t) * VEC;
+      if (valid && col < cols) {
+        x[p] = load_pack<T, VEC>(a.x + row * a.cols + col);
+        dy[p] = load_pack<T, VEC>(a.dy + row * a.cols + col);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) x[p].v[j] = dy[p].v[j] = from_acc<T>(0.f);  // adds 0
+      }
+    }
+    const float mu = kRms || !valid ? 0.f : a.mean[row];
+    const float rs = valid ? a.rstd[row] : 0.f;
+    // xh and g of pack p, recomputed for each of the two uses.
+    auto xh_g = [&](int p, float(&xh)[VEC], float(&gr)[VEC]) {
+      const int col = (p * g + t) * VEC;
+      widen(x[p], xh);
+      widen(dy[p], gr);
+      float wv[VEC];
+      if (a.w != nullptr && col < cols) load_f32<VEC>(a.w + col, wv);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        xh[j] = (xh[j] - mu) * rs;
+        if (a.w != nullptr && col < cols) gr[j] *= wv[j];
+      }
+    };
+    float2 s{0.f, 0.f};
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      float xh[VEC], gr[VEC], d[VEC];
+      xh_g(p, xh, gr);
+      widen(dy[p], d);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        dw_acc[p][j] += d[j] * xh[j];
+        if constexpr (!kRms) db_acc[p][j] += d[j];
+        s.x += gr[j];
+        s.y += gr[j] * xh[j];
+      }
+    }
+    if (a.dx == nullptr) continue;  // uniform over the grid: no barrier is skipped unevenly
+    s = team_allreduce<kWarpRow>(s, Sum2Op(), team, scratch, exch, parity);
+    if (!valid) continue;
+    const float c1 = kRms ? 0.f : s.x / cols, c2 = s.y / cols;
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      const int col = (p * g + t) * VEC;
+      if (col < cols) {
+        float xh[VEC], gr[VEC], out[VEC];
+        xh_g(p, xh, gr);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] = rs * (gr[j] - c1 - xh[j] * c2);
+        store_f32<VEC>(a.dx + row * a.cols + col, out);
+      }
+    }
+  }
+  team_exit(team);
+  // Partial row blockIdx.x / ranks: one per block, or one per cluster (its blocks own disjoint
+  // columns).
+  auto flush = [&](const float(&acc)[kPacks][VEC], float* dst) {
+    dst += int64_t(blockIdx.x / team.ranks) * part.ld;
+    if (team.per_block == 1) {
+#pragma unroll
+      for (int p = 0; p < kPacks; ++p) {
+        const int col = (p * g + t) * VEC;
+        if (col < cols) store_f32<VEC>(dst + col, acc[p]);
+      }
+      return;
+    }
+    const int cap = g * kPacks * VEC;
+    __syncthreads();  // red is free (the previous flush has read it)
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) red[team.index * cap + (p * g + t) * VEC + j] = acc[p][j];
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+      float sum = red[c];
+      for (int r = 1; r < team.per_block; ++r) sum += red[r * cap + c];
+      dst[c] = sum;
+    }
+  };
+  if (part.dw != nullptr) flush(dw_acc, part.dw);
+  if constexpr (!kRms) {
+    if (part.db != nullptr) flush(db_acc, part.db);
+  }
+}
+
+// Backward for rows that don't fit in registers: a block per row. Pass 1 reduces sum(g) and
+// sum(g * xh); pass 2 re-reads x and dy (mostly from L2), writes dx and adds into the block's
+// own partial rows in global memory (zeroed by the launcher; one writer per element).
+template <typename T, typename W, bool kRms, int VEC>
+__global__ void __launch_bounds__(kLoopThreads, 1)
+    norm_bwd_loop_kernel(NormBwdArgs<T, W> a, PartialRows part) {
+  __shared__ float2 scratch[kWarp];
+  const int64_t cols = a.cols, step = int64_t(blockDim.x) * VEC;
+  float* dwp = part.dw != nullptr ? part.dw + int64_t(blockIdx.x) * part.ld : nullptr;
+  float* dbp = part.db != nullptr ? part.db + int64_t(blockIdx.x) * part.ld : nullptr;
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const T* xr = a.x + row * cols;
+    const T* dyr = a.dy + row * cols;
+    const float mu = kRms ? 0.f : a.mean[row], rs = a.rstd[row];
+    // One pass of the row: f(col, xh, g, dy) for each pack.
+    auto sweep = [&](auto&& f) {
+      for (int64_t c0 = int64_t(threadIdx.x) * VEC; c0 < cols; c0 += step * kLoopUnroll) {
+        float xv[kLoopUnroll][VEC], dv[kLoopUnroll][VEC];
+#pragma unroll
+        for (int u = 0; u < kLoopUnroll; ++u) {
+          if (c0 + u * step < cols) {
+            load_f32<VEC>(xr + c0 + u * step, xv[u]);
+            load_f32<VEC>(dyr + c0 + u * step, dv[u]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kLoopUnroll; ++u) {
+          const int64_t col = c0 + u * step;
+          if (col >= cols) continue;
+          float wv[VEC], xh[VEC], gr[VEC];
+          if (a.w != nullptr) load_f32<VEC>(a.w + col, wv);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            xh[j] = (xv[u][j] - mu) * rs;
+            gr[j] = a.w != nullptr ? dv[u][j] * wv[j] : dv[u][j];
+          }
+          f(col, xh, gr, dv[u]);
+        }
+      }
+    };
+    float c1 = 0.f, c2 = 0.f;
+    if (a.dx != nullptr) {
+      float2 s{0.f, 0.f};
+      sweep([&](int64_t, const float(&xh)[VEC], const float(&gr)[VEC], const float(&)[VEC]) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          s.x += gr[j];
+          s.y += gr[j] * xh[j];
+        }
+      });
+      s = block_allreduce(s, Sum2Op(), scratch);
+      c1 = kRms ? 0.f : s.x / cols;
+      c2 = s.y / cols;
+    }
+    sweep([&](int64_t col, const float(&xh)[VEC], const float(&gr)[VEC], const float(&dy)[VEC]) {
+      if (a.dx != nullptr) {
+        float out[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] = rs * (gr[j] - c1 - xh[j] * c2);
+        store_f32<VEC>(a.dx + row * cols + col, out);
+      }
+      float acc[VEC];
+      if (dwp != nullptr) {
+        load_f32<VEC>(dwp + col, acc);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] += dy[j] * xh[j];
+        store_f32<VEC>(dwp + col, acc);
+      }
+      if (dbp != nullptr) {
+        load_f32<VEC>(dbp + col, acc);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] += dy[j];
+        store_f32<VEC>(dbp + col, acc);
+      }
+    });
+  }
+}
+
+// out[c] = sum over r = 0..parts-1 of part[r * ld + c], cast to W. blockIdx.y picks
+// (part0, out0) or (part1, out1). Thread (x, y) sums float4 column group x over rows
+// y, y + 8, ...; the 8 slices are then added in order: fixed order, bitwise reproducible.
+template <typename W>
+__global__ void __launch_bounds__(kWarp* kPartSlices)
+    norm_partials_kernel(const float* part0, W* out0, const float* part1, W* out1, int64_t parts,
+                         int64_t ld, int64_t cols) {
+  __shared__ float4 red[kPartSlices][kWarp];
+  const float* part = blockIdx.y == 0 ? part0 : part1;
+  W* out = blockIdx.y == 0 ? out0 : out1;
+  for (int64_t tile = blockIdx.x; tile * kPartCols < cols; tile += gridDim.x) {
+    const int64_t c = tile * kPartCols + threadIdx.x * 4;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c < cols) {  // ld % 4 == 0 and ld >= cols: the float4 at c is inside the row
+#pragma unroll 4
+      for (int64_t r = threadIdx.y; r < parts; r += kPartSlices) {
+        const float4 v = *reinterpret_cast<const float4*>(part + r * ld + c);
+        s.x += v.x;
+        s.y += v.y;
+        s.z += v.z;
+        s.w += v.w;
+      }
+    }
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+      float4 sum = red[0][threadIdx.x];
+      for (int k = 1; k < kPartSlices; ++k) {
+        const float4 v = red[k][threadIdx.x];
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
+      for (int j = 0; j < 4 && c + j < cols; ++j) out[c + j] = from_acc<W>(vals[j]);
+    }
+    __syncthreads();  // red is rewritten by the next tile
+  }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t round_up_warp(int64_t n) { return ceil_div(n, kWarp) * kWarp; }
+
+// A launch of `blocks` blocks (a multiple of ranks), in clusters of `ranks` when ranks > 1.
+struct LaunchShape {
+  int64_t blocks;
+  int threads;
+  size_t smem;
+  int ranks;
+};
+
+// `attr` must outlive the config.
+cudaLaunchConfig_t launch_config(const LaunchShape& l, cudaStream_t stream,
+                                 cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(l.blocks));
+  config.blockDim = dim3(static_cast<unsigned>(l.threads));
+  config.dynamicSmemBytes = l.smem;
+  config.stream = stream;
+  if (l.ranks > 1) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = static_cast<unsigned>(l.ranks);
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  return config;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), const LaunchShape& l, cudaStream_t stream,
+                   Args&&... args) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = launch_config(l, stream, &attr);
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  const cudaError_t last = cudaGetLastError();  // also clears the error of a failed launch
+  return err != cudaSuccess ? err : last;
+}
+
+// Blocks for `teams` row teams of `ranks` blocks: enough to fill the device many times over;
+// the kernels stride over further rows (which keeps gridDim.x far below its limit).
+int64_t stride_blocks(int64_t teams, int ranks, const DeviceInfo& info) {
+  const int64_t cap = std::max<int64_t>(1, int64_t(info.sm_count) * 32 / ranks);
+  return std::min(teams, cap) * ranks;
+}
+
+// Looping kernels re-read a row soon after reading it: keep the rows in flight within half the
+// L2, but use at least one block per SM.
+int64_t loop_blocks(int64_t rows, int64_t row_bytes, const DeviceInfo& info) {
+  int device = 0, l2 = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
+    cudaGetLastError();
+    l2 = 0;
+  }
+  const int64_t fit = l2 / 2 / std::max<int64_t>(row_bytes, 1);
+  return std::min(rows, std::clamp<int64_t>(fit, info.sm_count, int64_t(info.sm_count) * 4));
+}
+
+// The team for a row of `cols`: the fewest packs per thread among `packs_options`, then the
+// fewest blocks (ranks, a cluster when > 1), with at most max_threads threads per block. ranks
+// is 0 when no such team holds the row in registers.
+struct TeamShape {
+  int ranks;
+  int threads;  // per block
+  int packs;
+};
+
+TeamShape team_shape(int64_t cols, int vec, std::initializer_list<int> packs_options,
+                     int max_threads, int max_ranks) {
+  for (const int packs : packs_options) {
+    for (int ranks = 1; ranks <= max_ranks; ranks *= 2) {
+      const int64_t threads = round_up_warp(ceil_div(ceil_div(cols, vec), int64_t(ranks) * packs));
+      if (threads <= max_threads) return {ranks, static_cast<int>(threads), packs};
+    }
+  }
+  return {0, 0, 0};
+}
+
+// Warp teams for rows of up to 4 packs per lane, then block and cluster teams, then the
+// looping kernel.
+template <typename T, typename W, bool kRms, int VEC>
+cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cudaStream_t stream) {
+  constexpr int kRows = kFwdWarpRowsPerBlock;
+  const LaunchShape warp{stride_blocks(ceil_div(a.rows, kRows), 1, info), kWarp * kRows, 0, 1};
+  if (a.cols <= kWarp * VEC) {
+    return launch(norm_fwd_kernel<T, W, kRms, VEC, 1, true>, warp, stream, a, kWarp);
+  }
+  if (a.cols <= kWarp * VEC * 2) {
+    return launch(norm_fwd_kernel<T, W, kRms, VEC, 2, true>, warp, stream, a, kWarp);
+  }
+  if (a.cols <= kWarp * VEC * 4) {
+    return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, true>, warp, stream, a, kWarp);
+  }
+  const int max_ranks = info.has_clusters() ? kMaxClusterRanks : 1;
+  // 8 packs of 16-bit x beside fp32 parameters would spill registers.
+  constexpr bool kEight = VEC > 1 && sizeof(W) == sizeof(T);
+  const TeamShape s = VEC == 1 ? team_shape(a.cols, VEC, {kFwdScalars}, kFwdMaxThreads, max_ranks)
+                      : kEight ? team_shape(a.cols, VEC, {4, 8}, kFwdMaxThreads, max_ranks)
+                               : team_shape(a.cols, VEC, {4}, kFwdMaxThreads, max_ranks);
+  const LaunchShape team{stride_blocks(a.rows, s.ranks, info), s.threads, 0, s.ranks};
+  if constexpr (VEC > 1) {
+    if (s.packs == 4) {
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, false>, team, stream, a, s.threads);
+    }
+    if constexpr (kEight) {
+      if (s.packs == 8) {
+        return launch(norm_fwd_kernel<T, W, kRms, VEC, 8, false>, team, stream, a, s.threads);
+      }
+    }
+  } else if (s.packs == kFwdScalars) {
+    return launch(norm_fwd_kernel<T, W, kRms, VEC, kFwdScalars, false>, team, stream, a, s.threads);
+  }
+  const LaunchShape loop{loop_blocks(a.rows, a.cols * int64_t(sizeof(T)), info), kLoopThreads, 0,
+                         1};
+  return launch(norm_fwd_loop_kernel<T, W, kRms, VEC>, loop, stream, a);
+}
+
+template <typename T, typename W>
+struct BwdPlan {
+  void (*kernel)(NormBwdArgs<T, W>, PartialRows);
+  LaunchShape shape;
+  int group;             // threads per team (when not a cluster)
+  bool zeroed_partials;  // the kernel adds into its partial rows
+  int64_t parts;         // partial rows: one per block, or per cluster
+};
+
+// As many blocks (clusters) as fit on the device at once, each writing one partial row; fewer
+// when there aren't enough rows. False when a cluster of this size can't run at all.
+template <typename T, typename W>
+bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
+  LaunchShape& l = p.shape;
+  int fit = 0;
+  if (l.ranks == 1) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, p.kernel, l.threads, l.smem) ==
+        cudaSuccess) {
+      fit *= info.sm_count;
+    }
+  } else {
+    if (l.ranks > kMaxClusterRanks &&
+        cudaFuncSetAttribute(p.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+            cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    cudaLaunchAttribute attr;
+    l.blocks = l.ranks;
+    const cudaLaunchConfig_t config = launch_config(l, nullptr, &attr);
+    if (cudaOccupancyMaxActiveClusters(&fit, p.kernel, &config) != cudaSuccess) fit = 0;
+  }
+  cudaGetLastError();  // a failed query leaves no error behind
+  if (fit < 1) {
+    if (l.ranks > kMaxClusterRanks) return false;
+    fit = std::max(1, info.sm_count / l.ranks);
+  }
+  const int64_t teams = ceil_div(rows, l.ranks > 1 ? 1 : l.threads / p.group);
+  p.parts = std::min<int64_t>(teams, fit);
+  l.blocks = p.parts * l.ranks;
+  return true;
+}
+
+// Warp teams for short rows, then block and cluster teams (x and dy in registers), then the
+// looping kernel.
+template <typename T, typename W, bool kRms, int VEC>
+BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
+  constexpr int kPacks = VEC > 1 ? 16 / VEC : kBwdScalars;
+  // Teams sharing a block sum their partial rows in shared memory: [threads * kPacks * VEC].
+  auto smem = [](int threads) { return size_t(threads) * kPacks * VEC * sizeof(float); };
+  const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
+  const TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdMaxThreads, max_ranks);
+  BwdPlan<T, W> p{};
+  if (a.cols <= kWarp * kPacks * VEC) {
+    p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, true>,
+         {0, kBwdMaxThreads, smem(kBwdMaxThreads), 1},
+         kWarp,
+         false,
+         0};
+  } else if (s.ranks > 0) {
+    const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
+    p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, false>,
+         {0, threads, threads > s.threads ? smem(threads) : 0, s.ranks},
+         s.threads,
+         false,
+         0};
+  }
+  if (p.kernel != nullptr && size_bwd_grid(p, a.rows, info)) return p;
+  p = {norm_bwd_loop_kernel<T, W, kRms, VEC>, {0, kLoopThreads, 0, 1}, kLoopThreads, true, 0};
+  size_bwd_grid(p, a.rows, info);
+  return p;
+}
+
+template <typename T, typename W, bool kRms>
+BwdPlan<T, W> bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
+  constexpr int V = kVec16<T>;
+  const bool vec = a.cols % V == 0 && is_aligned16(a.x) && is_aligned16(a.dy) &&
+                   (a.dx == nullptr || is_aligned16(a.dx)) && (a.w == nullptr || is_aligned16(a.w));
+  return vec ? bwd_plan_vec<T, W, kRms, V>(a, info) : bwd_plan_vec<T, W, kRms, 1>(a, info);
+}
+
+int64_t partial_ld(int64_t cols) { return ceil_div(cols, 4) * 4; }  // float4 rows
+
+}  // namespace
+
+template <typename T, typename W, bool kRms>
+cudaError_t norm_fwd_cuda(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cudaStream_t stream) {
+  constexpr int V = kVec16<T>;
+  const bool vec = a.cols % V == 0 && is_aligned16(a.x) && is_aligned16(a.y) &&
+                   (a.w == nullptr || is_aligned16(a.w)) && (a.b == nullptr || is_aligned16(a.b));
+  return vec ? norm_fwd_vec<T, W, kRms, V>(a, info, stream)
+             : norm_fwd_vec<T, W, kRms, 1>(a, info, stream);
+}
+
+template <typename T, typename W, bool kRms>
+int64_t norm_bwd_workspace_size(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
+  const int64_t n = (a.dw != nullptr) + (a.db != nullptr);
+  if (n == 0) return 0;
+  return n * bwd_plan<T, W, kRms>(a, info).parts * partial_ld(a.cols);
+}
+
+template <typename T, typename W, bool kRms>
+cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, float* workspace, const DeviceInfo& info,
+                          cudaStream_t stream) {
+  if (a.dx == nullptr && a.dw == nullptr && a.db == nullptr) return cudaSuccess;
+  const BwdPlan<T, W> p = bwd_plan<T, W, kRms>(a, info);
+  const int64_t ld = partial_ld(a.cols), n = (a.dw != nullptr) + (a.db != nullptr);
+  PartialRows part{a.dw != nullptr ? workspace : nullptr, nullptr, ld, p.group};
+  if (a.db != nullptr) part.db = workspace + (a.dw != nullptr ? p.parts * ld : 0);
+  if (n > 0 && p.zeroed_partials) {
+    const cudaError_t err =
+        cudaMemsetAsync(workspace, 0, size_t(n * p.parts * ld) * sizeof(float), stream);
+    if (err != cudaSuccess) return err;
+  }
+  const cudaError_t err = launch(p.kernel, p.shape, stream, a, part);
+  if (err != cudaSuccess || n == 0) return err;
+  const float* part0 = part.dw != nullptr ? part.dw : part.db;
+  W* out0 = a.dw != nullptr ? a.dw : a.db;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(a.cols, kPartCols), 1 << 20)),
+                  static_cast<unsigned>(n));
+  norm_partials_kernel<W><<<grid, dim3(kWarp, kPartSlices), 0, stream>>>(part0, out0, part.db, a.db,
+                                                                         p.parts, ld, a.cols);
+  return cudaGetLastError();
+}
+
+#define FUSEDOPS_NORM_INSTANTIATE(T, W, RMS)                                                 \
+  template cudaError_t norm_fwd_cuda<T, W, RMS>(const NormFwdArgs<T, W>&, const DeviceInfo&, \
+                                                cudaStream_t);                               \
+  template int64_t norm_bwd_workspace_size<T, W, RMS>(const NormBwdArgs<T, W>&,              \
+                                                      const DeviceInfo&);                    \
+  template cudaError_t norm_bwd_cuda<T, W, RMS>(const NormBwdArgs<T, W>&, float*,            \
+                                                const DeviceInfo&, cudaStream_t);
+#define FUSEDOPS_NORM_INSTANTIATE_BOTH(T, W) \
+  FUSEDOPS_NORM_INSTANTIATE(T, W, false)     \
+  FUSEDOPS_NORM_INSTANTIATE(T, W, true)
+
+FUSEDOPS_NORM_INSTANTIATE_BOTH(float, float)
+FUSEDOPS_NORM_INSTANTIATE_BOTH(__half, __half)
+FUSEDOPS_NORM_INSTANTIATE_BOTH(__half, float)
+FUSEDOPS_NORM_INSTANTIATE_BOTH(__nv_bfloat16, __nv_bfloat16)
+FUSEDOPS_NORM_INSTANTIATE_BOTH(__nv_bfloat16, float)
+
+}  // namespace fusedops
