@@ -4,11 +4,12 @@ import torch
 
 from fusedops import nn
 from fusedops._ops import ops as _ops
-from fusedops.functional import log_softmax, softmax
+from fusedops.functional import bias_gelu, fused_mlp, log_softmax, softmax
+from fusedops.nn import FusedMLP
 
 __version__ = "0.1.0"
 
-__all__ = ["build_info", "log_softmax", "nn", "softmax"]
+__all__ = ["FusedMLP", "bias_gelu", "build_info", "fused_mlp", "log_softmax", "nn", "softmax"]
 
 
 def build_info() -> dict:
