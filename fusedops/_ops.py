@@ -32,7 +32,9 @@ def _softmax_bwd_fake(grad_output, output, dim, log):
 
 def _check_approximate(op: str, approximate: str) -> None:
     if approximate not in ("none", "tanh"):
-        raise ValueError(f"fusedops.{op}: approximate must be 'none' or 'tanh', got '{approximate}'")
+        raise ValueError(
+            f"fusedops.{op}: approximate must be 'none' or 'tanh', got '{approximate}'"
+        )
 
 
 @torch.library.register_fake("fusedops::bias_gelu_fwd")
@@ -73,4 +75,5 @@ def _mlp_fwd_fake(x, w1, b1, w2, b2, approximate, save_pre, save_act):
 def _mlp_bwd_fake(grad_out, x, w1, w2, pre, act, approximate, output_mask):
     _check_approximate("fused_mlp_backward", approximate)
     shapes = (x.shape, w1.shape, w1.shape[:1], w2.shape, w2.shape[:1])
-    return tuple(x.new_empty(s if need else (0,)) for s, need in zip(shapes, output_mask))
+    pairs = zip(shapes, output_mask, strict=True)
+    return tuple(x.new_empty(shape if need else (0,)) for shape, need in pairs)
