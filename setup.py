@@ -146,7 +146,7 @@ def extensions():
     default_max_jobs()
     sources = sorted(sum((glob.glob(f"csrc/{d}*.cpp") for d in ("", "autograd/", "cpu/")), []))
     cxx = ["-O3"]  # torch picks the C++ standard its headers need
-    macros = [("Py_LIMITED_API", "0x030a0000")]
+    macros = []
     if not want_cuda(torch, cuda_home):
         return [cpp_extension.CppExtension(
             "fusedops._C", sources, include_dirs=[os.path.join(ROOT, "csrc")],
@@ -173,10 +173,11 @@ def extensions():
 
 
 def main():
+    ext_modules = extensions()  # first: it sets CUDA_HOME before cpp_extension is imported
     from torch.utils.cpp_extension import BuildExtension
 
     setup(
-        ext_modules=extensions(),
+        ext_modules=ext_modules,
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
         options={"bdist_wheel": {"py_limited_api": "cp310"}},
     )

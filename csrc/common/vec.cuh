@@ -48,6 +48,31 @@ __device__ __forceinline__ T from_acc(acc_t<T> v) {
   }
 }
 
+// Narrows VEC fp32 values into a pack; 16-bit types two at a time (one cvt per pair).
+template <typename T, int VEC>
+__device__ __forceinline__ Pack<T, VEC> pack_from_acc(const acc_t<T> (&v)[VEC]) {
+  Pack<T, VEC> out;
+  if constexpr (VEC % 2 == 0 && std::is_same_v<T, __nv_bfloat16>) {
+#pragma unroll
+    for (int k = 0; k < VEC; k += 2) {
+      const __nv_bfloat162 two = __floats2bfloat162_rn(v[k], v[k + 1]);
+      out.v[k] = two.x;
+      out.v[k + 1] = two.y;
+    }
+  } else if constexpr (VEC % 2 == 0 && std::is_same_v<T, __half>) {
+#pragma unroll
+    for (int k = 0; k < VEC; k += 2) {
+      const __half2 two = __floats2half2_rn(v[k], v[k + 1]);
+      out.v[k] = two.x;
+      out.v[k + 1] = two.y;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out.v[k] = from_acc<T>(v[k]);
+  }
+  return out;
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, VEC>*>(p);

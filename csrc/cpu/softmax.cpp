@@ -57,7 +57,7 @@ void for_rows(int64_t rows, int64_t cols, const F& f) {
 }
 
 template <typename T>
-void softmax_fwd_rows(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
+void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
   using A = acc_t<T>;
   using Vec = at::vec::Vectorized<A>;
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
@@ -73,8 +73,8 @@ void softmax_fwd_rows(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
         const A sum = at::vec::map_reduce_all<A>(
             [&](Vec v) { return (v - vmax).exp_u20(); }, [](Vec a, Vec b) { return a + b; }, xr,
             cols);
-        const Vec shift(max + std::log(sum));
-        at::vec::map([&](Vec v) { return v - shift; }, yr, xr, cols);
+        const Vec log_sum(std::log(sum));  // (x - max) - log(sum): max + log(sum) loses digits
+        at::vec::map([&](Vec v) { return (v - vmax) - log_sum; }, yr, xr, cols);
       } else {
         at::vec::map([&](Vec v) { return (v - vmax).exp_u20(); }, yr, xr, cols);
         const A sum =
@@ -90,7 +90,7 @@ void softmax_fwd_rows(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
 // softmax:     dx = y * (dy - sum(dy * y))
 // log_softmax: dx = dy - exp(y) * sum(dy)
 template <typename T>
-void softmax_bwd_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log) {
+void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log) {
   using A = acc_t<T>;
   using Vec = at::vec::Vectorized<A>;
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
@@ -114,14 +114,14 @@ void softmax_bwd_rows(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols
   });
 }
 
-at::Tensor softmax_fwd_cpu(const at::Tensor& input, int64_t dim, bool log) {
+at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   const auto p = check_softmax_fwd(input, dim);
   const at::Tensor x = to_rows(input, p.dim);
   at::Tensor y = at::empty_like(x);
   if (p.rows > 0) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "softmax_fwd_cpu",
                                     [&] {
-                                      softmax_fwd_rows(x.const_data_ptr<scalar_t>(),
+                                      softmax_fwd_cpu(x.const_data_ptr<scalar_t>(),
                                                        y.mutable_data_ptr<scalar_t>(), p.rows,
                                                        p.cols, log);
                                     });
@@ -129,7 +129,7 @@ at::Tensor softmax_fwd_cpu(const at::Tensor& input, int64_t dim, bool log) {
   return from_rows(y, p.dim, input);
 }
 
-at::Tensor softmax_bwd_cpu(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                            bool log) {
   const auto p = check_softmax_bwd(grad_output, output, dim);
   const at::Tensor dy = to_rows(grad_output, p.dim);
@@ -138,7 +138,7 @@ at::Tensor softmax_bwd_cpu(const at::Tensor& grad_output, const at::Tensor& outp
   if (p.rows > 0) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, y.scalar_type(), "softmax_bwd_cpu", [&] {
-          softmax_bwd_rows(dy.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(),
+          softmax_bwd_cpu(dy.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(),
                            dx.mutable_data_ptr<scalar_t>(), p.rows, p.cols, log);
         });
   }
@@ -148,8 +148,8 @@ at::Tensor softmax_bwd_cpu(const at::Tensor& grad_output, const at::Tensor& outp
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusedops, CPU, m) {
-  m.impl("softmax_fwd", &softmax_fwd_cpu);
-  m.impl("softmax_bwd", &softmax_bwd_cpu);
+  m.impl("softmax_fwd", &softmax_fwd);
+  m.impl("softmax_bwd", &softmax_bwd);
 }
 
 }  // namespace fusedops

@@ -1,0 +1,57 @@
+// Host side of the CUDA softmax: checks, layout, dtype dispatch and the dispatcher registration.
+// The kernels live in softmax_fwd.cu / softmax_bwd.cu.
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "common/cuda_host.h"
+#include "common/softmax_host.h"
+#include "cuda/softmax_kernels.h"
+
+namespace fusedops {
+namespace {
+
+at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
+  const SoftmaxProblem p = check_softmax_fwd(input, dim);
+  const c10::cuda::CUDAGuard guard(input.device());
+  const at::Tensor x = to_rows(input, p.dim);
+  at::Tensor y = at::empty_like(x);
+  if (p.rows == 0) return from_rows(y, p.dim, input);
+  const DeviceInfo dev = current_device_info();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "softmax_fwd", [&] {
+    C10_CUDA_CHECK(softmax_fwd_cuda(cuda_ptr<scalar_t>(x), cuda_mut_ptr<scalar_t>(y), p.rows,
+                                    p.cols, log, dev, stream));
+  });
+  return from_rows(y, p.dim, input);
+}
+
+at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                       bool log) {
+  const SoftmaxProblem p = check_softmax_bwd(grad_output, output, dim);
+  const c10::cuda::CUDAGuard guard(output.device());
+  const at::Tensor dy = to_rows(grad_output, p.dim);
+  const at::Tensor y = to_rows(output, p.dim);
+  at::Tensor dx = at::empty_like(y);
+  if (p.rows == 0) return from_rows(dx, p.dim, output);
+  const DeviceInfo dev = current_device_info();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "softmax_bwd", [&] {
+    C10_CUDA_CHECK(softmax_bwd_cuda(cuda_ptr<scalar_t>(dy), cuda_ptr<scalar_t>(y),
+                                    cuda_mut_ptr<scalar_t>(dx), p.rows, p.cols, log, dev,
+                                    stream));
+  });
+  return from_rows(dx, p.dim, output);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
+  m.impl("softmax_fwd", &softmax_fwd);
+  m.impl("softmax_bwd", &softmax_bwd);
+}
+
+}  // namespace fusedops

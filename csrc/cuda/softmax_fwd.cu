@@ -1,0 +1,90 @@
+// Softmax / log_softmax forward: y = exp(x - max) / sum(exp(x - max)), or x - max - log(sum).
+// Rows that fit on chip use the register tiers of softmax_rows.cuh (one read of x, one write
+// of y, one fused max/sum reduction); longer rows and fp64 stream twice through the online
+// kernel below. Statistics in fp32 (fp64 for double).
+#include <climits>
+
+#include "cuda/softmax_kernels.h"
+#include "cuda/softmax_rows.cuh"
+
+namespace fusedops {
+namespace {
+
+using namespace softmax_rows;
+
+// One CTA per row (strided): pass 1 folds each pack into a running (max, sum), pass 2 re-reads
+// x and writes y. No limit on cols.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kOnlineThreads)
+    softmax_fwd_online_kernel(const T* x, T* y, int64_t rows, int64_t npacks, bool log) {
+  using A = acc_t<T>;
+  __shared__ MaxSum<A> scratch[32];
+  const int64_t cols = npacks * VEC;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    MaxSum<A> stat = MaxSumOp::identity<MaxSum<A>>();
+    for (int64_t p = threadIdx.x; p < npacks; p += blockDim.x) {
+      const Pack<T, VEC> in = load_pack<T, VEC>(xr + p * VEC);
+      A m = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) m = acc_max(m, to_acc(in.v[k]));
+      A s = 0;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) s += acc_exp(to_acc(in.v[k]) - exp_ref(m));
+      stat = MaxSumOp()(stat, MaxSum<A>{m, s});
+    }
+    stat = block_allreduce(stat, MaxSumOp(), scratch);
+    const A log_sum = acc_log(stat.s), inv = A(1) / stat.s;
+    for (int64_t p = threadIdx.x; p < npacks; p += blockDim.x) {
+      const Pack<T, VEC> in = load_pack<T, VEC>(xr + p * VEC);
+      Pack<T, VEC> out;
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const A v = to_acc(in.v[k]);
+        out.v[k] = from_acc<T>(log ? (v - stat.m) - log_sum : acc_exp(v - stat.m) * inv);
+      }
+      store_pack<T, VEC>(yr + p * VEC, out);
+    }
+  }
+}
+
+template <typename T, int VEC>
+cudaError_t launch_fwd(const T* x, T* y, int64_t rows, int64_t cols, bool log,
+                       const DeviceInfo& dev, cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, double>) {
+    cudaError_t err = cudaSuccess;
+    if (cols <= INT_MAX &&
+        launch_register_tiers<SoftmaxFwd<T>, VEC>({x, y, log}, rows, cols, dev, stream, &err)) {
+      return err;
+    }
+  }
+  const unsigned grid = unsigned(std::min<int64_t>(rows, int64_t(dev.sm_count) * 4));
+  softmax_fwd_online_kernel<T, VEC><<<grid, kOnlineThreads, 0, stream>>>(x, y, rows, cols / VEC,
+                                                                          log);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t softmax_fwd_cuda(const T* x, T* y, int64_t rows, int64_t cols, bool log,
+                             const DeviceInfo& dev, cudaStream_t stream) {
+  constexpr int kVec = kVec16<T>;
+  if (cols % kVec == 0 && is_aligned16(x) && is_aligned16(y)) {
+    return launch_fwd<T, kVec>(x, y, rows, cols, log, dev, stream);
+  }
+  return launch_fwd<T, 1>(x, y, rows, cols, log, dev, stream);
+}
+
+template cudaError_t softmax_fwd_cuda<float>(const float*, float*, int64_t, int64_t, bool,
+                                             const DeviceInfo&, cudaStream_t);
+template cudaError_t softmax_fwd_cuda<__half>(const __half*, __half*, int64_t, int64_t, bool,
+                                              const DeviceInfo&, cudaStream_t);
+template cudaError_t softmax_fwd_cuda<__nv_bfloat16>(const __nv_bfloat16*, __nv_bfloat16*, int64_t,
+                                                     int64_t, bool, const DeviceInfo&,
+                                                     cudaStream_t);
+template cudaError_t softmax_fwd_cuda<double>(const double*, double*, int64_t, int64_t, bool,
+                                              const DeviceInfo&, cudaStream_t);
+
+}  // namespace fusedops

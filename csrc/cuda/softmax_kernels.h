@@ -1,0 +1,29 @@
+// Launchers for the CUDA softmax kernels (softmax_fwd.cu, softmax_bwd.cu). Torch-free so that
+// kernel files compile fast; the host code in softmax.cpp calls these with raw pointers.
+// T: float, __half, __nv_bfloat16, double. Rows are contiguous; log selects log_softmax.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/device_info.h"
+
+namespace fusedops {
+
+template <typename T>
+cudaError_t softmax_fwd_cuda(const T* x,  // [rows, cols]
+                             T* y,        // [rows, cols]
+                             int64_t rows, int64_t cols, bool log, const DeviceInfo& dev,
+                             cudaStream_t stream);
+
+template <typename T>
+cudaError_t softmax_bwd_cuda(const T* dy,  // [rows, cols]
+                             const T* y,   // [rows, cols]
+                             T* dx,        // [rows, cols]
+                             int64_t rows, int64_t cols, bool log, const DeviceInfo& dev,
+                             cudaStream_t stream);
+
+}  // namespace fusedops

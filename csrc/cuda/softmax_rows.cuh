@@ -1,0 +1,369 @@
+// Softmax / log_softmax over contiguous rows: the kernel tiers shared by forward and backward.
+// A Policy (SoftmaxFwd, SoftmaxBwd) says what a thread loads, which per-row statistic it
+// reduces and what it stores; the tiers say who owns a row:
+//   warp:   1..32 lanes per row, the row in registers, shuffles only        (cols <= 32*4 packs)
+//   block:  one CTA, or a cluster of up to 8 CTAs on sm_90+ (DSMEM), per row, in registers
+//   online: one CTA per row, streaming: statistics in one pass, outputs in a second (any cols)
+// Statistics and math in fp32 (fp64 for double); outputs rounded once.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/device_info.h"
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
+
+namespace fusedops {
+namespace softmax_rows {
+
+constexpr int kWarpTierBlockThreads = 128;
+constexpr int kWarpTierMaxPacks = 4;  // packs per lane before a row moves to the block tier
+constexpr int kBlockTargetThreads = 512;
+constexpr int kTargetPacks = 4;
+constexpr int kBlockMaxThreads = 1024;
+constexpr int kMaxClusterRanks = 8;  // the portable cluster size
+constexpr int kOnlineThreads = 512;
+constexpr int kRowRegisterWords = 32;  // 32-bit registers per thread for row data
+constexpr int kMaxPacks = 8;           // per thread; more spills under the 64-register cap
+// exp(d) = exp2(d * log2(e)) for d = x - max <= 0: one FMUL and one MUFU.EX2, a few ulp.
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float acc_exp(float v) { return expf(v); }
+__device__ __forceinline__ double acc_exp(double v) { return exp(v); }
+__device__ __forceinline__ float acc_log(float v) { return logf(v); }
+__device__ __forceinline__ double acc_log(double v) { return log(v); }
+__device__ __forceinline__ float acc_max(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double acc_max(double a, double b) { return fmax(a, b); }
+
+// Running max m of a set of values and s = sum(exp(v - m)). A set whose max is -inf holds no
+// mass: its s is 0, or NaN if it saw a NaN, and merging scales it by 0 so NaN survives.
+template <typename A>
+struct MaxSum {
+  A m, s;
+};
+
+struct MaxSumOp {
+  template <typename A>
+  __device__ __forceinline__ MaxSum<A> operator()(MaxSum<A> a, MaxSum<A> b) const {
+    const A m = acc_max(a.m, b.m);
+    const A ea = a.m == -INFINITY ? A(0) : acc_exp(a.m - m);
+    const A eb = b.m == -INFINITY ? A(0) : acc_exp(b.m - m);
+    return {m, a.s * ea + b.s * eb};
+  }
+  template <typename S>
+  __device__ static S identity() {
+    return {-INFINITY, 0};
+  }
+};
+
+// Reference point for exp(v - ref) inside one set: its max, or 0 when that is -inf so that
+// -inf values give 0 and NaN values give NaN rather than every value giving NaN.
+template <typename A>
+__device__ __forceinline__ A exp_ref(A m) {
+  return m == -INFINITY ? A(0) : m;
+}
+
+// ---------------------------------------------------------------- forward policy
+
+template <typename T>
+struct SoftmaxFwd {
+  using Stat = MaxSum<float>;
+  using Op = MaxSumOp;
+  struct Args {
+    const T* x;  // [rows, cols]
+    T* y;        // [rows, cols]
+    bool log;
+  };
+  // x stays in its own type (recomputing exp beats doubling the registers per element).
+  static constexpr int kItemsMax = kRowRegisterWords * 4 / int(sizeof(T));
+
+  // The packs p = j * G + g (j < PACKS) of one row that thread g of a G-thread group owns.
+  template <int VEC, int PACKS>
+  struct Row {
+    Pack<T, VEC> x[PACKS];
+
+    __device__ __forceinline__ Stat load(const Args& a, int64_t offset, int g, int G, int npacks,
+                                         bool valid) {
+#pragma unroll
+      for (int j = 0; j < PACKS; ++j) {  // all loads in flight before the first use
+        const int p = j * G + g;
+        if (valid && p < npacks) x[j] = load_pack<T, VEC>(a.x + offset + int64_t(p) * VEC);
+      }
+      float m = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < PACKS; ++j) {
+        if (!valid || j * G + g >= npacks) continue;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) m = fmaxf(m, to_acc(x[j].v[k]));
+      }
+      const float ref = exp_ref(m);
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < PACKS; ++j) {
+        if (!valid || j * G + g >= npacks) continue;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) s += exp2f((to_acc(x[j].v[k]) - ref) * kLog2e);
+      }
+      return {m, s};
+    }
+
+    __device__ __forceinline__ void store(const Args& a, int64_t offset, int g, int G, int npacks,
+                                          bool valid, Stat row) const {
+      const float log_sum = logf(row.s), inv = 1.f / row.s;
+#pragma unroll
+      for (int j = 0; j < PACKS; ++j) {
+        const int p = j * G + g;
+        if (!valid || p >= npacks) continue;
+        float out[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float v = to_acc(x[j].v[k]);
+          out[k] = a.log ? (v - row.m) - log_sum : exp2f((v - row.m) * kLog2e) * inv;
+        }
+        store_pack<T, VEC>(a.y + offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
+      }
+    }
+  };
+};
+
+// ---------------------------------------------------------------- backward policy
+//   softmax:     dx = y * (dy - sum(dy * y))
+//   log_softmax: dx = dy - exp(y) * sum(dy)
+
+template <typename T>
+struct SoftmaxBwd {
+  using Stat = float;
+  using Op = SumOp;
+  struct Args {
+    const T* dy;  // [rows, cols]
+    const T* y;   // [rows, cols]
+    T* dx;        // [rows, cols]
+    bool log;
+  };
+  // y and dy stay in their own type: two arrays in kRowRegisterWords registers.
+  static constexpr int kItemsMax = kRowRegisterWords * 4 / (2 * int(sizeof(T)));
+
+  template <int VEC, int PACKS>
+  struct Row {
+    Pack<T, VEC> y[PACKS], dy[PACKS];
+
+    __device__ __forceinline__ Stat load(const Args& a, int64_t offset, int g, int G, int npacks,
+                                         bool valid) {
+#pragma unroll
+      for (int j = 0; j < PACKS; ++j) {
+        const int p = j * G + g;
+        if (valid && p < npacks) {
+          y[j] = load_pack<T, VEC>(a.y + offset + int64_t(p) * VEC);
+          dy[j] = load_pack<T, VEC>(a.dy + offset + int64_t(p) * VEC);
+        }
+      }
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < PACKS; ++j) {
+        if (!valid || j * G + g >= npacks) continue;
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          s += a.log ? to_acc(dy[j].v[k]) : to_acc(dy[j].v[k]) * to_acc(y[j].v[k]);
+        }
+      }
+      return s;
+    }
+
+    __device__ __forceinline__ void store(const Args& a, int64_t offset, int g, int G, int npacks,
+                                          bool valid, Stat s) const {
+#pragma unroll
+      for (int j = 0; j < PACKS; ++j) {
+        const int p = j * G + g;
+        if (!valid || p >= npacks) continue;
+        float out[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+          const float yk = to_acc(y[j].v[k]), dyk = to_acc(dy[j].v[k]);
+          out[k] = a.log ? dyk - expf(yk) * s : yk * (dyk - s);
+        }
+        store_pack<T, VEC>(a.dx + offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
+      }
+    }
+  };
+};
+
+// ---------------------------------------------------------------- tiers
+
+// LANES lanes per row, 128 / LANES rows per block, rows strided over the grid. The loop runs
+// warp-uniformly (shuffles need every lane), so lanes past the last row just idle along.
+template <typename Policy, int VEC, int LANES, int PACKS>
+__global__ void __launch_bounds__(kWarpTierBlockThreads)
+    softmax_warp_kernel(typename Policy::Args args, int64_t rows, int npacks) {
+  constexpr int kRowsPerWarp = 32 / LANES;
+  const int lane = threadIdx.x % LANES;
+  const int64_t cols = int64_t(npacks) * VEC;
+  const int64_t first = (int64_t(blockIdx.x) * (kWarpTierBlockThreads / 32) + threadIdx.x / 32) *
+                        kRowsPerWarp;
+  const int64_t stride = int64_t(gridDim.x) * kWarpTierBlockThreads / LANES;
+  for (int64_t base = first; base < rows; base += stride) {
+    const int64_t r = base + (threadIdx.x % 32) / LANES;
+    const bool valid = r < rows;
+    typename Policy::template Row<VEC, PACKS> row;
+    auto stat = row.load(args, r * cols, lane, LANES, npacks, valid);
+    stat = group_allreduce<LANES>(stat, typename Policy::Op());
+    row.store(args, r * cols, lane, LANES, npacks, valid, stat);
+  }
+}
+
+// One row per CTA, or per cluster of CTAs (launched with a cluster dimension on sm_90+): thread t
+// of rank q owns the packs of thread g = q * blockDim.x + t in a group of G = ranks * blockDim.x.
+template <typename Policy, int VEC, int PACKS>
+__global__ void __launch_bounds__(kBlockMaxThreads)
+    softmax_block_kernel(typename Policy::Args args, int64_t rows, int npacks) {
+  using Stat = typename Policy::Stat;
+  using Op = typename Policy::Op;
+  __shared__ Stat scratch[32];
+  __shared__ Stat rank_total[2];  // double-buffered: one cluster barrier per row suffices
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int ranks = int(cluster.num_blocks());
+  const int rank = int(cluster.block_rank());
+#else
+  constexpr int ranks = 1, rank = 0;
+#endif
+  const int g = rank * blockDim.x + threadIdx.x, G = ranks * blockDim.x;
+  const int64_t cols = int64_t(npacks) * VEC;
+  int parity = 0;
+  for (int64_t r = blockIdx.x / ranks; r < rows; r += gridDim.x / ranks) {
+    typename Policy::template Row<VEC, PACKS> row;
+    Stat stat = block_allreduce(row.load(args, r * cols, g, G, npacks, true), Op(), scratch);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (ranks > 1) {
+      if (threadIdx.x == 0) rank_total[parity] = stat;
+      cluster.sync();  // every rank's block total is visible in its shared memory
+      stat = Op::template identity<Stat>();
+      for (int q = 0; q < ranks; ++q) {  // same order on every rank: identical results
+        stat = Op()(stat, *cluster.map_shared_rank(&rank_total[parity], q));
+      }
+      // A rank rewrites rank_total[parity] two rows later, after the next row's cluster.sync,
+      // which every rank reaches only after it has read this row's totals.
+      parity ^= 1;
+    }
+#endif
+    row.store(args, r * cols, g, G, npacks, true, stat);
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (ranks > 1) cluster.sync();  // keep shared memory alive until every rank has read it
+#endif
+}
+
+// ---------------------------------------------------------------- host-side plan
+
+enum class Tier { kWarp, kBlock, kOnline };
+
+struct Plan {
+  Tier tier;
+  int lanes;    // warp tier
+  int packs;    // packs per thread (warp and block tiers)
+  int threads;  // per CTA
+  int ranks;    // CTAs per row (block tier; > 1 only as a cluster)
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+inline int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+// items_max: elements a thread can keep in registers (Policy::kItemsMax).
+inline Plan plan(int64_t npacks, int vec, int items_max, const DeviceInfo& dev) {
+  const int max_packs = std::clamp(items_max / vec, 1, kMaxPacks);
+  if (npacks <= 32) return {Tier::kWarp, next_pow2(npacks), 1, kWarpTierBlockThreads, 1};
+  if (npacks <= 32 * std::min(kWarpTierMaxPacks, max_packs)) {
+    return {Tier::kWarp, 32, next_pow2(ceil_div(npacks, 32)), kWarpTierBlockThreads, 1};
+  }
+  // Several packs per thread keep loads in flight (kTargetPacks, more only when needed); <= 512
+  // threads per CTA let two CTAs share an SM, one reducing while the other loads. Longer rows
+  // split over a cluster first, and only then do CTAs grow to 1024 threads.
+  const int max_ranks = dev.has_clusters() ? kMaxClusterRanks : 1;
+  for (int threads_cap : {kBlockTargetThreads, kBlockMaxThreads}) {
+    for (int ranks = 1; ranks <= max_ranks; ranks *= 2) {
+      const int64_t per_rank = ceil_div(npacks, ranks);
+      const int packs = std::max(std::min(kTargetPacks, max_packs),
+                                 next_pow2(ceil_div(per_rank, threads_cap)));
+      if (packs > max_packs) continue;
+      const int threads = int(ceil_div(ceil_div(per_rank, packs), 32) * 32);
+      return {Tier::kBlock, 0, packs, threads, ranks};
+    }
+  }
+  return {Tier::kOnline, 0, 0, kOnlineThreads, 1};
+}
+
+// Calls f(std::integral_constant<int, N>{}) for the N in Ns equal to n; false if none is.
+template <int... Ns, typename F>
+bool dispatch_int(int n, F&& f) {
+  return ((n == Ns ? (f(std::integral_constant<int, Ns>{}), true) : false) || ...);
+}
+
+inline unsigned grid_for(int64_t groups, int ranks, const DeviceInfo& dev) {
+  // Enough CTAs to fill every SM several times over; rows beyond that are strided.
+  const int64_t cap = int64_t(dev.sm_count) * 16 / ranks;
+  return unsigned(std::min(groups, cap) * ranks);
+}
+
+template <typename Kernel, typename Args>
+cudaError_t launch(Kernel kernel, unsigned grid, int threads, int ranks, cudaStream_t stream,
+                   const Args& args, int64_t rows, int npacks) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  if (ranks > 1) {
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = ranks;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kernel, args, rows, npacks);
+}
+
+// Runs Policy over rows with the register tiers; returns false when the row needs the online
+// tier (the caller's), true once launched (error in *err).
+template <typename Policy, int VEC>
+bool launch_register_tiers(const typename Policy::Args& args, int64_t rows, int64_t cols,
+                           const DeviceInfo& dev, cudaStream_t stream, cudaError_t* err) {
+  const int64_t npacks = cols / VEC;
+  const Plan p = plan(npacks, VEC, Policy::kItemsMax, dev);
+  if (p.tier == Tier::kWarp) {
+    const unsigned grid = grid_for(ceil_div(rows * p.lanes, kWarpTierBlockThreads), 1, dev);
+    auto go = [&](auto lanes, auto packs) {
+      *err = launch(softmax_warp_kernel<Policy, VEC, lanes, packs>, grid, p.threads, 1, stream,
+                    args, rows, int(npacks));
+    };
+    if (p.packs == 1) {
+      return dispatch_int<1, 2, 4, 8, 16, 32>(
+          p.lanes, [&](auto lanes) { go(lanes, std::integral_constant<int, 1>{}); });
+    }
+    return dispatch_int<2, 4>(
+        p.packs, [&](auto packs) { go(std::integral_constant<int, 32>{}, packs); });
+  }
+  if (p.tier == Tier::kBlock) {
+    auto go = [&](auto packs) {
+      if constexpr (packs * VEC <= Policy::kItemsMax) {
+        *err = launch(softmax_block_kernel<Policy, VEC, packs>, grid_for(rows, p.ranks, dev),
+                      p.threads, p.ranks, stream, args, rows, int(npacks));
+      }
+    };
+    return dispatch_int<1, 2, 4, kMaxPacks>(p.packs, go);
+  }
+  return false;
+}
+
+}  // namespace softmax_rows
+}  // namespace fusedops
