@@ -99,7 +99,7 @@ constexpr int64_t kMaxBlocks = 64;
 constexpr int64_t kMaxPartialElems = int64_t(1) << 22;
 
 template <GeluApprox kApprox, typename T>
-void bias_gelu_fwd_rows(const T* x, const T* bias, T* y, int64_t rows, int64_t cols) {
+void bias_gelu_fwd_cpu(const T* x, const T* bias, T* y, int64_t rows, int64_t cols) {
   using C = Chunk<T>;
   const auto b = widen_bias(bias, cols);
   const int64_t grain = std::max<int64_t>(1, kGrainElems / cols);
@@ -120,7 +120,7 @@ void bias_gelu_fwd_rows(const T* x, const T* bias, T* y, int64_t rows, int64_t c
 
 // dx = dy * gelu'(x + bias); dbias[c] = sum over rows of dx[:, c] (in acc_t, before rounding).
 template <GeluApprox kApprox, typename T>
-void bias_gelu_bwd_rows(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows,
+void bias_gelu_bwd_cpu(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows,
                         int64_t cols) {
   using C = Chunk<T>;
   using A = acc_t<T>;
@@ -177,18 +177,17 @@ void dispatch_approx(GeluApprox approx, const F& f) {
   }
 }
 
-at::Tensor bias_gelu_fwd_cpu(const at::Tensor& input, const at::Tensor& bias,
-                             c10::string_view approximate) {
+at::Tensor bias_gelu_fwd(const at::Tensor& input, const at::Tensor& bias,
+                         c10::string_view approximate) {
   const auto p = check_bias_gelu("bias_gelu", input, bias, approximate);
   const at::Tensor y =
       bias_gelu_rows_fwd_cpu(input.contiguous().view({p.rows, p.cols}), bias.contiguous(), p.approx);
   return y.view(input.sizes());
 }
 
-std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd_cpu(const at::Tensor& grad_output,
-                                                     const at::Tensor& input,
-                                                     const at::Tensor& bias,
-                                                     c10::string_view approximate) {
+std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd(const at::Tensor& grad_output,
+                                                 const at::Tensor& input, const at::Tensor& bias,
+                                                 c10::string_view approximate) {
   const auto p = check_bias_gelu("bias_gelu_backward", input, bias, approximate);
   check_like("bias_gelu_backward", "grad_output", grad_output, "input", input);
   auto [dx, db] = bias_gelu_rows_bwd_cpu(grad_output.contiguous().view({p.rows, p.cols}),
@@ -207,7 +206,7 @@ at::Tensor bias_gelu_rows_fwd_cpu(const at::Tensor& input, const at::Tensor& bia
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "bias_gelu_fwd_cpu",
                                   [&] {
                                     dispatch_approx(approx, [&](auto a) {
-                                      bias_gelu_fwd_rows<decltype(a)::value>(
+                                      bias_gelu_fwd_cpu<decltype(a)::value>(
                                           input.const_data_ptr<scalar_t>(),
                                           bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
                                           y.mutable_data_ptr<scalar_t>(), rows, cols);
@@ -228,7 +227,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cpu(const at::Tensor& grad
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "bias_gelu_bwd_cpu", [&] {
         dispatch_approx(approx, [&](auto a) {
-          bias_gelu_bwd_rows<decltype(a)::value>(
+          bias_gelu_bwd_cpu<decltype(a)::value>(
               grad_output.const_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
               bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
               dx.mutable_data_ptr<scalar_t>(), want_dbias ? db.mutable_data_ptr<scalar_t>() : nullptr,
@@ -239,8 +238,8 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cpu(const at::Tensor& grad
 }
 
 TORCH_LIBRARY_IMPL(fusedops, CPU, m) {
-  m.impl("bias_gelu_fwd", &bias_gelu_fwd_cpu);
-  m.impl("bias_gelu_bwd", &bias_gelu_bwd_cpu);
+  m.impl("bias_gelu_fwd", &bias_gelu_fwd);
+  m.impl("bias_gelu_bwd", &bias_gelu_bwd);
 }
 
 }  // namespace fusedops

@@ -8,7 +8,7 @@
 namespace fusedops {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(
     const at::Tensor& x, const at::Tensor& w1, const c10::optional<at::Tensor>& b1,
     const at::Tensor& w2, const c10::optional<at::Tensor>& b2, c10::string_view approximate,
     bool save_pre, bool save_act) {
@@ -19,7 +19,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd_cpu(
   return mlp_fwd_outputs(p, x, out, pre, act, save_pre, save_act);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
     const at::Tensor& pre, const at::Tensor& act, c10::string_view approximate,
     std::array<bool, 5> output_mask) {
@@ -37,8 +37,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd_c
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusedops, CPU, m) {
-  m.impl("mlp_fwd", &mlp_fwd_cpu);
-  m.impl("mlp_bwd", &mlp_bwd_cpu);
+  m.impl("mlp_fwd", &mlp_fwd);
+  m.impl("mlp_bwd", &mlp_bwd);
 }
 
 }  // namespace fusedops

@@ -68,8 +68,8 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& gra
 
 namespace {
 
-at::Tensor bias_gelu_fwd_cuda_op(const at::Tensor& input, const at::Tensor& bias,
-                                 c10::string_view approximate) {
+at::Tensor bias_gelu_fwd(const at::Tensor& input, const at::Tensor& bias,
+                         c10::string_view approximate) {
   const auto p = check_bias_gelu("bias_gelu", input, bias, approximate);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::Tensor y = bias_gelu_rows_fwd_cuda(input.contiguous().view({p.rows, p.cols}),
@@ -77,10 +77,9 @@ at::Tensor bias_gelu_fwd_cuda_op(const at::Tensor& input, const at::Tensor& bias
   return y.view(input.sizes());
 }
 
-std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd_cuda_op(const at::Tensor& grad_output,
-                                                         const at::Tensor& input,
-                                                         const at::Tensor& bias,
-                                                         c10::string_view approximate) {
+std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd(const at::Tensor& grad_output,
+                                                 const at::Tensor& input, const at::Tensor& bias,
+                                                 c10::string_view approximate) {
   const auto p = check_bias_gelu("bias_gelu_backward", input, bias, approximate);
   check_like("bias_gelu_backward", "grad_output", grad_output, "input", input);
   const c10::cuda::CUDAGuard guard(input.device());
@@ -93,8 +92,8 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd_cuda_op(const at::Tensor& grad_
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
-  m.impl("bias_gelu_fwd", &bias_gelu_fwd_cuda_op);
-  m.impl("bias_gelu_bwd", &bias_gelu_bwd_cuda_op);
+  m.impl("bias_gelu_fwd", &bias_gelu_fwd);
+  m.impl("bias_gelu_bwd", &bias_gelu_bwd);
 }
 
 }  // namespace fusedops

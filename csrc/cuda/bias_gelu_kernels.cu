@@ -93,10 +93,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t r = r0 + u * stride;
       if (r < rows) {
-        Pack<T, VEC> out;
+        acc_t<T> out[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out.v[j] = from_acc<T>(gelu<kApprox>(to_acc(v[u].v[j]) + b[j]));
-        store_pack<T, VEC>(y + r * cols + col, out);
+        for (int j = 0; j < VEC; ++j) out[j] = gelu<kApprox>(to_acc(v[u].v[j]) + b[j]);
+        store_pack<T, VEC>(y + r * cols + col, pack_from_acc<T, VEC>(out));
       }
     }
   }
@@ -137,14 +137,13 @@ __global__ void __launch_bounds__(kThreads)
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t r = r0 + u * stride;
         if (r < rows) {
-          Pack<T, VEC> out;
+          Acc d[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            const Acc d = to_acc(g[u].v[j]) * gelu_grad<kApprox>(to_acc(v[u].v[j]) + b[j]);
-            sum[j] += d;  // unrounded: dbias sums the exact per-element gradients
-            out.v[j] = from_acc<T>(d);
+            d[j] = to_acc(g[u].v[j]) * gelu_grad<kApprox>(to_acc(v[u].v[j]) + b[j]);
+            sum[j] += d[j];  // unrounded: dbias sums the exact per-element gradients
           }
-          store_pack<T, VEC>(dx + r * cols + col, out);
+          store_pack<T, VEC>(dx + r * cols + col, pack_from_acc<T, VEC>(d));
         }
       }
     }

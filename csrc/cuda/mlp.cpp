@@ -229,7 +229,7 @@ at::Tensor contiguous_or_undefined(const c10::optional<at::Tensor>& t) {
   return t.has_value() && t->defined() ? t->contiguous() : at::Tensor();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(
     const at::Tensor& x, const at::Tensor& w1, const c10::optional<at::Tensor>& b1_opt,
     const at::Tensor& w2, const c10::optional<at::Tensor>& b2_opt, c10::string_view approximate,
     bool save_pre, bool save_act) {
@@ -262,7 +262,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd_cuda(
   return mlp_fwd_outputs(p, x, out, pre, act, save_pre, save_act);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
     const at::Tensor& pre, const at::Tensor& act, c10::string_view approximate,
     std::array<bool, 5> mask) {
@@ -328,8 +328,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd_c
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
-  m.impl("mlp_fwd", &mlp_fwd_cuda);
-  m.impl("mlp_bwd", &mlp_bwd_cuda);
+  m.impl("mlp_fwd", &mlp_fwd);
+  m.impl("mlp_bwd", &mlp_bwd);
 }
 
 }  // namespace fusedops
