@@ -26,8 +26,7 @@ at::Tensor bias_gelu_fwd_op(const at::Tensor& input, const at::Tensor& bias,
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd_op(const at::Tensor& grad_output,
-                                                    const at::Tensor& input,
-                                                    const at::Tensor& bias,
+                                                    const at::Tensor& input, const at::Tensor& bias,
                                                     c10::string_view approximate) {
   static auto op =
       c10::Dispatcher::singleton()
@@ -43,11 +42,11 @@ using MlpBwdOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor,
 MlpFwdOutputs mlp_fwd_op(const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1,
                          const at::Tensor& w2, const OptTensor& b2, c10::string_view approximate,
                          bool save_pre, bool save_act) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fusedops::mlp_fwd", "")
-          .typed<MlpFwdOutputs(const at::Tensor&, const at::Tensor&, const OptTensor&,
-                               const at::Tensor&, const OptTensor&, c10::string_view, bool, bool)>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fusedops::mlp_fwd", "")
+                       .typed<MlpFwdOutputs(const at::Tensor&, const at::Tensor&, const OptTensor&,
+                                            const at::Tensor&, const OptTensor&, c10::string_view,
+                                            bool, bool)>();
   return op.call(x, w1, b1, w2, b2, approximate, save_pre, save_act);
 }
 
@@ -56,9 +55,8 @@ MlpBwdOutputs mlp_bwd_op(const at::Tensor& grad_out, const at::Tensor& x, const 
                          c10::string_view approximate, std::array<bool, 5> output_mask) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("fusedops::mlp_bwd", "")
-                       .typed<MlpBwdOutputs(const at::Tensor&, const at::Tensor&,
-                                            const at::Tensor&, const at::Tensor&,
-                                            const at::Tensor&, const at::Tensor&,
+                       .typed<MlpBwdOutputs(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                             c10::string_view, std::array<bool, 5>)>();
   return op.call(grad_out, x, w1, w2, pre, act, approximate, output_mask);
 }
@@ -75,8 +73,8 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    auto [dinput, dbias] =
-        bias_gelu_bwd_op(grads[0], saved[0], saved[1], ctx->saved_data["approximate"].toStringRef());
+    auto [dinput, dbias] = bias_gelu_bwd_op(grads[0], saved[0], saved[1],
+                                            ctx->saved_data["approximate"].toStringRef());
     return {dinput, dbias, at::Tensor()};
   }
 };
@@ -99,9 +97,10 @@ class MlpFunction : public torch::autograd::Function<MlpFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(ctx->saved_data["save_pre"].toBool(),
-                "fusedops.fused_mlp: backward needs the pre-activation, but the forward ran with "
-                "save_pre=False (call fusedops.fused_mlp, which sets it when a gradient is needed)");
+    TORCH_CHECK(
+        ctx->saved_data["save_pre"].toBool(),
+        "fusedops.fused_mlp: backward needs the pre-activation, but the forward ran with "
+        "save_pre=False (call fusedops.fused_mlp, which sets it when a gradient is needed)");
     const auto saved = ctx->get_saved_variables();
     const bool has_b1 = ctx->saved_data["has_b1"].toBool();
     const bool has_b2 = ctx->saved_data["has_b2"].toBool();

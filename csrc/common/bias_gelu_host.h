@@ -52,8 +52,8 @@ at::Tensor bias_gelu_rows_fwd_cpu(const at::Tensor& input, const at::Tensor& bia
                                   GeluApprox approx);
 std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cpu(const at::Tensor& grad_output,
                                                           const at::Tensor& input,
-                                                          const at::Tensor& bias,
-                                                          GeluApprox approx, bool want_dbias);
+                                                          const at::Tensor& bias, GeluApprox approx,
+                                                          bool want_dbias);
 #ifdef FUSEDOPS_WITH_CUDA
 at::Tensor bias_gelu_rows_fwd_cuda(const at::Tensor& input, const at::Tensor& bias,
                                    GeluApprox approx);

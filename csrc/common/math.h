@@ -16,9 +16,9 @@ namespace fusedops {
 enum class GeluApprox { kNone, kTanh };
 
 // Kept as double so that fp64 math sees full precision; float code rounds them at compile time.
-constexpr double kSqrt1_2 = 0.70710678118654752440;       // 1/sqrt(2)
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;    // 1/sqrt(2*pi)
-constexpr double kSqrt2OverPi = 0.79788456080286535588;   // sqrt(2/pi)
+constexpr double kSqrt1_2 = 0.70710678118654752440;      // 1/sqrt(2)
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2*pi)
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
 constexpr double kGeluCubic = 0.044715;
 
 // Specialize for other vector types (at::vec::Vectorized<float> in the CPU kernel file).

@@ -31,10 +31,10 @@ inline void check_param(const char* op, const char* arg, const at::Tensor& t, co
                         int64_t dim) {
   TORCH_CHECK(t.device() == x.device(), "fusedops.", op, ": ", arg, " is on ", t.device(),
               " but x is on ", x.device());
-  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), "fusedops.", op, ": ", arg,
-                   " has dtype ", t.scalar_type(), " but x has dtype ", x.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == dim, "fusedops.", op, ": ", arg, " must be ", dim,
-                    "-D, got shape ", t.sizes());
+  TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), "fusedops.", op, ": ", arg, " has dtype ",
+                   t.scalar_type(), " but x has dtype ", x.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == dim, "fusedops.", op, ": ", arg, " must be ", dim, "-D, got shape ",
+                    t.sizes());
 }
 
 inline MlpProblem check_mlp(const char* op, const at::Tensor& x, const at::Tensor& w1,

@@ -121,7 +121,7 @@ void bias_gelu_fwd_cpu(const T* x, const T* bias, T* y, int64_t rows, int64_t co
 // dx = dy * gelu'(x + bias); dbias[c] = sum over rows of dx[:, c] (in acc_t, before rounding).
 template <GeluApprox kApprox, typename T>
 void bias_gelu_bwd_cpu(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows,
-                        int64_t cols) {
+                       int64_t cols) {
   using C = Chunk<T>;
   using A = acc_t<T>;
   const auto b = widen_bias(bias, cols);
@@ -180,8 +180,8 @@ void dispatch_approx(GeluApprox approx, const F& f) {
 at::Tensor bias_gelu_fwd(const at::Tensor& input, const at::Tensor& bias,
                          c10::string_view approximate) {
   const auto p = check_bias_gelu("bias_gelu", input, bias, approximate);
-  const at::Tensor y =
-      bias_gelu_rows_fwd_cpu(input.contiguous().view({p.rows, p.cols}), bias.contiguous(), p.approx);
+  const at::Tensor y = bias_gelu_rows_fwd_cpu(input.contiguous().view({p.rows, p.cols}),
+                                              bias.contiguous(), p.approx);
   return y.view(input.sizes());
 }
 
@@ -203,26 +203,27 @@ at::Tensor bias_gelu_rows_fwd_cpu(const at::Tensor& input, const at::Tensor& bia
   const int64_t rows = input.size(0), cols = input.size(1);
   at::Tensor y = at::empty({rows, cols}, input.options());
   if (y.numel() == 0) return y;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "bias_gelu_fwd_cpu",
-                                  [&] {
-                                    dispatch_approx(approx, [&](auto a) {
-                                      bias_gelu_fwd_cpu<decltype(a)::value>(
-                                          input.const_data_ptr<scalar_t>(),
-                                          bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
-                                          y.mutable_data_ptr<scalar_t>(), rows, cols);
-                                    });
-                                  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, input.scalar_type(), "bias_gelu_fwd_cpu", [&] {
+        dispatch_approx(approx, [&](auto a) {
+          bias_gelu_fwd_cpu<decltype(a)::value>(
+              input.const_data_ptr<scalar_t>(),
+              bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
+              y.mutable_data_ptr<scalar_t>(), rows, cols);
+        });
+      });
   return y;
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cpu(const at::Tensor& grad_output,
                                                           const at::Tensor& input,
-                                                          const at::Tensor& bias,
-                                                          GeluApprox approx, bool want_dbias) {
+                                                          const at::Tensor& bias, GeluApprox approx,
+                                                          bool want_dbias) {
   const int64_t rows = input.size(0), cols = input.size(1);
   at::Tensor dx = at::empty({rows, cols}, input.options());
   at::Tensor db;
-  if (want_dbias) db = rows == 0 ? at::zeros({cols}, input.options()) : at::empty({cols}, input.options());
+  if (want_dbias)
+    db = rows == 0 ? at::zeros({cols}, input.options()) : at::empty({cols}, input.options());
   if (dx.numel() == 0) return {dx, db};
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "bias_gelu_bwd_cpu", [&] {
@@ -230,8 +231,8 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cpu(const at::Tensor& grad
           bias_gelu_bwd_cpu<decltype(a)::value>(
               grad_output.const_data_ptr<scalar_t>(), input.const_data_ptr<scalar_t>(),
               bias.defined() ? bias.const_data_ptr<scalar_t>() : nullptr,
-              dx.mutable_data_ptr<scalar_t>(), want_dbias ? db.mutable_data_ptr<scalar_t>() : nullptr,
-              rows, cols);
+              dx.mutable_data_ptr<scalar_t>(),
+              want_dbias ? db.mutable_data_ptr<scalar_t>() : nullptr, rows, cols);
         });
       });
   return {dx, db};

@@ -8,14 +8,16 @@
 namespace fusedops {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(
-    const at::Tensor& x, const at::Tensor& w1, const c10::optional<at::Tensor>& b1,
-    const at::Tensor& w2, const c10::optional<at::Tensor>& b2, c10::string_view approximate,
-    bool save_pre, bool save_act) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(const at::Tensor& x, const at::Tensor& w1,
+                                                       const c10::optional<at::Tensor>& b1,
+                                                       const at::Tensor& w2,
+                                                       const c10::optional<at::Tensor>& b2,
+                                                       c10::string_view approximate, bool save_pre,
+                                                       bool save_act) {
   const MlpProblem p = check_mlp("fused_mlp", x, w1, b1, w2, b2, approximate);
-  auto [out, pre, act] = mlp_fwd_composed(p, x.reshape({p.rows, p.in}), w1,
-                                          b1.value_or(at::Tensor()), w2,
-                                          b2.value_or(at::Tensor()), bias_gelu_rows_fwd_cpu);
+  auto [out, pre, act] =
+      mlp_fwd_composed(p, x.reshape({p.rows, p.in}), w1, b1.value_or(at::Tensor()), w2,
+                       b2.value_or(at::Tensor()), bias_gelu_rows_fwd_cpu);
   return mlp_fwd_outputs(p, x, out, pre, act, save_pre, save_act);
 }
 
@@ -30,8 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
       act.sizes() == pre.sizes() ? act.reshape({p.rows, p.hidden}) : at::Tensor();
   return mlp_bwd_outputs(
       x, mlp_bwd_composed(p, grad_out.reshape({p.rows, p.out}), x.reshape({p.rows, p.in}), w1, w2,
-                          pre2, act2, output_mask, bias_gelu_rows_fwd_cpu,
-                          bias_gelu_rows_bwd_cpu));
+                          pre2, act2, output_mask, bias_gelu_rows_fwd_cpu, bias_gelu_rows_bwd_cpu));
 }
 
 }  // namespace

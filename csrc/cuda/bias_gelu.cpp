@@ -25,10 +25,9 @@ at::Tensor bias_gelu_rows_fwd_cuda(const at::Tensor& input, const at::Tensor& bi
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(
       at::kHalf, at::kBFloat16, input.scalar_type(), "bias_gelu_fwd_cuda", [&] {
-        C10_CUDA_CHECK(bias_gelu_fwd_cuda(cuda_ptr<scalar_t>(input),
-                                          bias.defined() ? cuda_ptr<scalar_t>(bias) : nullptr,
-                                          cuda_mut_ptr<scalar_t>(y), rows, cols, approx, dev,
-                                          stream));
+        C10_CUDA_CHECK(bias_gelu_fwd_cuda(
+            cuda_ptr<scalar_t>(input), bias.defined() ? cuda_ptr<scalar_t>(bias) : nullptr,
+            cuda_mut_ptr<scalar_t>(y), rows, cols, approx, dev, stream));
       });
   return y;
 }
@@ -54,7 +53,8 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& gra
         // reused only by work queued after these launches.
         at::Tensor workspace;
         if (want_dbias) {
-          const auto bytes = static_cast<int64_t>(bias_gelu_bwd_workspace_bytes<T>(rows, cols, dev));
+          const auto bytes =
+              static_cast<int64_t>(bias_gelu_bwd_workspace_bytes<T>(rows, cols, dev));
           workspace = at::empty({bytes}, input.options().dtype(at::kByte));
         }
         C10_CUDA_CHECK(bias_gelu_bwd_cuda(

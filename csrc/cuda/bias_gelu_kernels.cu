@@ -46,7 +46,8 @@ Tiling make_tiling(int64_t rows, int64_t packs_per_row, int64_t rows_per_thread,
   // Fewer rows per thread (down to kUnroll) when that is what it takes to fill a wave.
   const int64_t gy_fill = std::min(ceil_div(rows, by * kUnroll), ceil_div(wave, gx));
   const int64_t gy = std::min(std::max(ceil_div(rows, by * rows_per_thread), gy_fill), kMaxGridY);
-  return {dim3(bx, by), dim3(static_cast<unsigned>(gx), static_cast<unsigned>(std::max<int64_t>(gy, 1)))};
+  return {dim3(bx, by),
+          dim3(static_cast<unsigned>(gx), static_cast<unsigned>(std::max<int64_t>(gy, 1)))};
 }
 
 template <typename T, int VEC>
@@ -148,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  if (partial == nullptr) return;  // uniform over the grid: no thread skips a barrier alone
+  if (partial == nullptr) return;    // uniform over the grid: no thread skips a barrier alone
   const int seg = blockDim.x * VEC;  // columns this block covers
 #pragma unroll
   for (int j = 0; j < VEC; ++j) red[threadIdx.y * seg + threadIdx.x * VEC + j] = sum[j];
@@ -209,9 +210,8 @@ void launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, acc_t<T
 }  // namespace
 
 template <typename T>
-cudaError_t bias_gelu_fwd_cuda(const T* input, const T* bias, T* output, int64_t rows,
-                               int64_t cols, GeluApprox approx, const DeviceInfo& dev,
-                               cudaStream_t stream) {
+cudaError_t bias_gelu_fwd_cuda(const T* input, const T* bias, T* output, int64_t rows, int64_t cols,
+                               GeluApprox approx, const DeviceInfo& dev, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
   constexpr int kVec = kVec16<T>;
   const bool vec = use_vec<T, kVec>(cols, {input, bias, output});
@@ -229,8 +229,9 @@ template <typename T>
 size_t bias_gelu_bwd_workspace_bytes(int64_t rows, int64_t cols, const DeviceInfo& dev) {
   if (rows == 0 || cols == 0) return 0;
   // The scalar path has the same grid.y as the vector one only by accident: size for the larger.
-  const int64_t gy = std::max(make_tiling(rows, ceil_div(cols, kVec16<T>), kBwdRowsPerThread, dev).grid.y,
-                              make_tiling(rows, cols, kBwdRowsPerThread, dev).grid.y);
+  const int64_t gy =
+      std::max(make_tiling(rows, ceil_div(cols, kVec16<T>), kBwdRowsPerThread, dev).grid.y,
+               make_tiling(rows, cols, kBwdRowsPerThread, dev).grid.y);
   return static_cast<size_t>(gy) * static_cast<size_t>(cols) * sizeof(acc_t<T>);
 }
 
@@ -256,12 +257,12 @@ cudaError_t bias_gelu_bwd_cuda(const T* grad_output, const T* input, const T* bi
   return cudaGetLastError();
 }
 
-#define FUSEDOPS_INSTANTIATE_BIAS_GELU(T)                                                        \
-  template cudaError_t bias_gelu_fwd_cuda<T>(const T*, const T*, T*, int64_t, int64_t,          \
-                                             GeluApprox, const DeviceInfo&, cudaStream_t);      \
-  template size_t bias_gelu_bwd_workspace_bytes<T>(int64_t, int64_t, const DeviceInfo&);        \
-  template cudaError_t bias_gelu_bwd_cuda<T>(const T*, const T*, const T*, T*, T*, void*,       \
-                                             int64_t, int64_t, GeluApprox, const DeviceInfo&,   \
+#define FUSEDOPS_INSTANTIATE_BIAS_GELU(T)                                                          \
+  template cudaError_t bias_gelu_fwd_cuda<T>(const T*, const T*, T*, int64_t, int64_t, GeluApprox, \
+                                             const DeviceInfo&, cudaStream_t);                     \
+  template size_t bias_gelu_bwd_workspace_bytes<T>(int64_t, int64_t, const DeviceInfo&);           \
+  template cudaError_t bias_gelu_bwd_cuda<T>(const T*, const T*, const T*, T*, T*, void*, int64_t, \
+                                             int64_t, GeluApprox, const DeviceInfo&,               \
                                              cudaStream_t);
 
 FUSEDOPS_INSTANTIATE_BIAS_GELU(float)

@@ -20,8 +20,8 @@ template <typename T>
 cudaError_t bias_gelu_fwd_cuda(const T* input,  // [rows, cols]
                                const T* bias,   // [cols] or null
                                T* output,       // [rows, cols]
-                               int64_t rows, int64_t cols, GeluApprox approx,
-                               const DeviceInfo& dev, cudaStream_t stream);
+                               int64_t rows, int64_t cols, GeluApprox approx, const DeviceInfo& dev,
+                               cudaStream_t stream);
 
 // Bytes of device workspace bias_gelu_bwd_cuda needs to produce grad_bias (0 when rows or cols
 // is 0). The workspace must stay valid until the launches on `stream` have run.
@@ -37,7 +37,7 @@ cudaError_t bias_gelu_bwd_cuda(const T* grad_output,  // [rows, cols]
                                T* grad_input,         // [rows, cols]
                                T* grad_bias,          // [cols] or null
                                void* workspace,       // bias_gelu_bwd_workspace_bytes<T>()
-                               int64_t rows, int64_t cols, GeluApprox approx,
-                               const DeviceInfo& dev, cudaStream_t stream);
+                               int64_t rows, int64_t cols, GeluApprox approx, const DeviceInfo& dev,
+                               cudaStream_t stream);
 
 }  // namespace fusedops

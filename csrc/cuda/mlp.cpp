@@ -159,8 +159,10 @@ bool lt_gemm(const LtGemm& g) {
   // Column-major view: D.T [N, M] = op(b).T [N, K] @ op(a).T [K, M], so cuBLASLt's A is our b.
   MatmulDesc desc;
   FUSEDOPS_LT_TRY(cublasLtMatmulDescCreate(&desc.h, compute, CUDA_R_32F));
-  FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.b_t ? CUBLAS_OP_T : CUBLAS_OP_N)));
-  FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.a_t ? CUBLAS_OP_T : CUBLAS_OP_N)));
+  FUSEDOPS_LT_TRY(
+      desc.set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.b_t ? CUBLAS_OP_T : CUBLAS_OP_N)));
+  FUSEDOPS_LT_TRY(
+      desc.set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.a_t ? CUBLAS_OP_T : CUBLAS_OP_N)));
   FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(g.epilogue)));
   if (g.bias != nullptr) FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias));
   if (g.aux != nullptr) {
@@ -177,11 +179,14 @@ bool lt_gemm(const LtGemm& g) {
   Preference pref;
   FUSEDOPS_LT_TRY(cublasLtMatmulPreferenceCreate(&pref.h));
   FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace));
-  FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reduction_scheme_mask(dtype)));
+  FUSEDOPS_LT_TRY(
+      pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reduction_scheme_mask(dtype)));
   FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(g.b.ptr)));
   FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(g.a.ptr)));
-  FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(g.d.data_ptr())));
-  FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(g.d.data_ptr())));
+  FUSEDOPS_LT_TRY(
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(g.d.data_ptr())));
+  FUSEDOPS_LT_TRY(
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(g.d.data_ptr())));
 
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
   cublasLtMatmulHeuristicResult_t heuristic = {};
@@ -194,8 +199,8 @@ bool lt_gemm(const LtGemm& g) {
   // work queued after the GEMM (and from the graph's pool under CUDA graph capture).
   at::Tensor workspace;
   if (heuristic.workspaceSize > 0) {
-    workspace = at::empty({static_cast<int64_t>(heuristic.workspaceSize)},
-                          g.d.options().dtype(at::kByte));
+    workspace =
+        at::empty({static_cast<int64_t>(heuristic.workspaceSize)}, g.d.options().dtype(at::kByte));
   }
   const float alpha = 1.f, beta = 0.f;
   void* d = g.d.data_ptr();
@@ -229,10 +234,12 @@ at::Tensor contiguous_or_undefined(const c10::optional<at::Tensor>& t) {
   return t.has_value() && t->defined() ? t->contiguous() : at::Tensor();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(
-    const at::Tensor& x, const at::Tensor& w1, const c10::optional<at::Tensor>& b1_opt,
-    const at::Tensor& w2, const c10::optional<at::Tensor>& b2_opt, c10::string_view approximate,
-    bool save_pre, bool save_act) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(const at::Tensor& x, const at::Tensor& w1,
+                                                       const c10::optional<at::Tensor>& b1_opt,
+                                                       const at::Tensor& w2,
+                                                       const c10::optional<at::Tensor>& b2_opt,
+                                                       c10::string_view approximate, bool save_pre,
+                                                       bool save_act) {
   const MlpProblem p = check_mlp("fused_mlp", x, w1, b1_opt, w2, b2_opt, approximate);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = x.reshape({p.rows, p.in}).contiguous();
