@@ -1,5 +1,5 @@
 // Host-side pieces shared by the CPU and CUDA bias_gelu and fused_mlp: argument checks, the
-// rows x cols view, and each backend's row kernels, which fused_mlp composes with its GEMMs.
+// rows x cols view, and the CUDA row kernels that fused_mlp composes with its GEMMs.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -45,16 +45,11 @@ inline BiasGeluProblem check_bias_gelu(const char* op, const at::Tensor& input,
   return {cols == 0 ? 0 : input.numel() / cols, cols, approx};
 }
 
-// Row kernels over contiguous [rows, cols] tensors, bias [cols] or undefined (no bias). The
-// backward's dbias (undefined unless want_dbias) is d/dbias of a bias added to input, so a caller
-// whose input already holds its bias (fused_mlp's pre-activation) still gets that bias' gradient.
-at::Tensor bias_gelu_rows_fwd_cpu(const at::Tensor& input, const at::Tensor& bias,
-                                  GeluApprox approx);
-std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cpu(const at::Tensor& grad_output,
-                                                          const at::Tensor& input,
-                                                          const at::Tensor& bias, GeluApprox approx,
-                                                          bool want_dbias);
 #ifdef FUSEDOPS_WITH_CUDA
+// CUDA row kernels over contiguous [rows, cols] tensors, bias [cols] or undefined (no bias), for
+// fused_mlp's fallback and exact-GELU paths. The backward's dbias (undefined unless want_dbias)
+// is d/dbias of a bias added to input, so a caller whose input already holds its bias (the MLP's
+// pre-activation) still gets that bias' gradient.
 at::Tensor bias_gelu_rows_fwd_cuda(const at::Tensor& input, const at::Tensor& bias,
                                    GeluApprox approx);
 std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& grad_output,
