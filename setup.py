@@ -9,6 +9,7 @@ Environment switches:
 
 import glob
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -40,7 +41,9 @@ def toolkit_of_nvcc_on_path():
         open(probe, "w").close()
         out = subprocess.run(
             [nvcc, "--dryrun", "-c", probe, "-o", os.devnull],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         ).stderr
         top = re.search(r"^#\$ TOP=(.*)$", out, re.M)
         if top and is_toolkit(os.path.normpath(top.group(1).strip())):
@@ -136,6 +139,22 @@ def default_max_jobs():
     os.environ["MAX_JOBS"] = str(jobs)
 
 
+def cpu_simd_flags():
+    """ATen's at::vec picks its SIMD code from CPU_CAPABILITY_* macros; without them an x86
+    build gets the scalar fallback. The machine that builds fusedops runs it (an editable
+    install), so use AVX2 when it has AVX2. aarch64 builds get NEON from at::vec by default."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return []
+    try:
+        with open("/proc/cpuinfo") as f:
+            has_avx2 = " avx2" in f.read()
+    except OSError:
+        return []
+    if not has_avx2:
+        return []
+    return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
+
+
 def extensions():
     cuda_home = resolve_cuda_home()
     if cuda_home:
@@ -145,15 +164,22 @@ def extensions():
 
     default_max_jobs()
     sources = sorted(sum((glob.glob(f"csrc/{d}*.cpp") for d in ("", "autograd/", "cpu/")), []))
-    # torch picks the C++ standard its headers need. No trapping math (the default of clang, not
-    # of GCC): GCC then if-converts float compares and vectorizes the CPU GELU lane loops; NaN
-    # and inf semantics are unchanged.
-    cxx = ["-O3", "-fno-trapping-math"]
+    # torch picks the C++ standard its headers need. No trapping math (clang's default, not
+    # GCC's): GCC then if-converts float compares and vectorizes the CPU GELU lane loops; NaN and
+    # inf semantics are unchanged.
+    cxx = ["-O3", "-fno-trapping-math", *cpu_simd_flags()]
     macros = []
     if not want_cuda(torch, cuda_home):
-        return [cpp_extension.CppExtension(
-            "fusedops._C", sources, include_dirs=[os.path.join(ROOT, "csrc")],
-            extra_compile_args={"cxx": cxx}, define_macros=macros, py_limited_api=True)]
+        return [
+            cpp_extension.CppExtension(
+                "fusedops._C",
+                sources,
+                include_dirs=[os.path.join(ROOT, "csrc")],
+                extra_compile_args={"cxx": cxx},
+                define_macros=macros,
+                py_limited_api=True,
+            )
+        ]
 
     archs = cuda_arch_list(torch)
     sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
@@ -163,16 +189,26 @@ def extensions():
         if d != toolkit_include:
             cxx += ["-idirafter", d]
     # Stringified in C++ (build_info): no quotes or ';' survive the shell that ninja runs.
-    macros += [("FUSEDOPS_WITH_CUDA", None),
-               ("FUSEDOPS_CUDA_ARCHS", re.sub(r"[;\s]+", "-", archs.strip()))]
+    macros += [
+        ("FUSEDOPS_WITH_CUDA", None),
+        ("FUSEDOPS_CUDA_ARCHS", re.sub(r"[;\s]+", "-", archs.strip())),
+    ]
     nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
     lt_dir, lt_name = cublaslt_library(cuda_home)
     log(f"cuBLASLt: {lt_dir} (-l{lt_name})")
-    return [cpp_extension.CUDAExtension(
-        "fusedops._C", sources, include_dirs=[os.path.join(ROOT, "csrc")],
-        library_dirs=[lt_dir], libraries=[lt_name], extra_link_args=[f"-Wl,-rpath,{lt_dir}"],
-        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
-        define_macros=macros, py_limited_api=True)]
+    return [
+        cpp_extension.CUDAExtension(
+            "fusedops._C",
+            sources,
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            library_dirs=[lt_dir],
+            libraries=[lt_name],
+            extra_link_args=[f"-Wl,-rpath,{lt_dir}"],
+            extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+            define_macros=macros,
+            py_limited_api=True,
+        )
+    ]
 
 
 def main():

@@ -18,8 +18,8 @@ inline int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim) {
 inline void check_floating(const char* op, const char* arg, const at::Tensor& t) {
   const auto s = t.scalar_type();
   TORCH_CHECK_TYPE(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble,
-                   "fusedops.", op, ": ", arg, " must be float32, float16, bfloat16 or float64, got ",
-                   s);
+                   "fusedops.", op, ": ", arg,
+                   " must be float32, float16, bfloat16 or float64, got ", s);
 }
 
 // `t` must match `ref` in shape, dtype and device (e.g. a gradient and the output it belongs to).
@@ -35,7 +35,8 @@ inline void check_like(const char* op, const char* arg, const at::Tensor& t, con
 
 // Contiguous rows with `dim` last: a copy only when `dim` isn't already the contiguous last dim.
 inline at::Tensor to_rows(const at::Tensor& t, int64_t dim) {
-  return t.dim() == 0 ? t.reshape({1}) : t.movedim(dim, -1).contiguous();
+  if (t.dim() == 0) return t.reshape({1});
+  return (dim == t.dim() - 1 ? t : t.movedim(dim, -1)).contiguous();
 }
 
 // Inverse of to_rows: `rows` back in `like`'s shape, contiguous like torch's own output.

@@ -5,9 +5,9 @@
 namespace fusedops {
 
 struct DeviceInfo {
-  int sm_count;       // multiprocessors
-  int cc_major;       // compute capability
-  int max_smem_optin; // bytes of shared memory a block may opt into
+  int sm_count;        // multiprocessors
+  int cc_major;        // compute capability
+  int max_smem_optin;  // bytes of shared memory a block may opt into
   bool has_clusters() const { return cc_major >= 9; }
 };
 

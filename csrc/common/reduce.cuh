@@ -28,7 +28,8 @@ __device__ __forceinline__ T shuffle_xor(const T& v, int offset) {
   const int* src = reinterpret_cast<const int*>(&v);
   int* dst = reinterpret_cast<int*>(&out);
 #pragma unroll
-  for (int i = 0; i < int(sizeof(T) / 4); ++i) dst[i] = __shfl_xor_sync(kFullMask, src[i], offset, LANES);
+  for (int i = 0; i < int(sizeof(T) / 4); ++i)
+    dst[i] = __shfl_xor_sync(kFullMask, src[i], offset, LANES);
   return out;
 }
 

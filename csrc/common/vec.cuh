@@ -34,7 +34,10 @@ using acc_t = typename AccOf<T>::type;
 __device__ __forceinline__ float to_acc(float v) { return v; }
 __device__ __forceinline__ double to_acc(double v) { return v; }
 __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
+// bf16 is the top half of an fp32: widening is a shift.
+__device__ __forceinline__ float to_acc(__nv_bfloat16 v) {
+  return __uint_as_float(static_cast<unsigned>(__bfloat16_as_ushort(v)) << 16);
+}
 
 // Round-to-nearest-even narrowing, as torch's own casts.
 template <typename T>

@@ -25,7 +25,7 @@ const acc_t<T>* widen(const T* row, int64_t cols, std::vector<acc_t<T>>& buf) {
   if constexpr (std::is_same_v<T, acc_t<T>>) {
     return row;
   } else {
-    for (int64_t i = 0; i < cols; ++i) buf[i] = static_cast<acc_t<T>>(row[i]);
+    at::vec::convert(row, buf.data(), cols);
     return buf.data();
   }
 }
@@ -43,7 +43,7 @@ acc_t<T>* out_row(T* row, std::vector<acc_t<T>>& buf) {
 template <typename T>
 void narrow(const acc_t<T>* src, T* row, int64_t cols) {
   if constexpr (!std::is_same_v<T, acc_t<T>>) {
-    for (int64_t i = 0; i < cols; ++i) row[i] = static_cast<T>(src[i]);
+    at::vec::convert(src, row, cols);  // round-to-nearest-even, SIMD where at::vec has it
   }
 }
 
@@ -66,19 +66,17 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
       const A* xr = widen(x + r * cols, cols, xbuf);
       A* yr = out_row(y + r * cols, ybuf);
       // at::vec::maximum propagates NaN, so a NaN row stays NaN as in torch.
-      const A max = at::vec::reduce_all<A>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); },
-                                           xr, cols);
+      const A max =
+          at::vec::reduce_all<A>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, xr, cols);
       const Vec vmax(max);
       if (log) {
-        const A sum = at::vec::map_reduce_all<A>(
-            [&](Vec v) { return (v - vmax).exp_u20(); }, [](Vec a, Vec b) { return a + b; }, xr,
-            cols);
+        const A sum = at::vec::map_reduce_all<A>([&](Vec v) { return (v - vmax).exp_u20(); },
+                                                 [](Vec a, Vec b) { return a + b; }, xr, cols);
         const Vec log_sum(std::log(sum));  // (x - max) - log(sum): max + log(sum) loses digits
         at::vec::map([&](Vec v) { return (v - vmax) - log_sum; }, yr, xr, cols);
       } else {
         at::vec::map([&](Vec v) { return (v - vmax).exp_u20(); }, yr, xr, cols);
-        const A sum =
-            at::vec::reduce_all<A>([](Vec& a, Vec& b) { return a + b; }, yr, cols);
+        const A sum = at::vec::reduce_all<A>([](Vec& a, Vec& b) { return a + b; }, yr, cols);
         const Vec inv(A(1) / sum);
         at::vec::map([&](Vec v) { return v * inv; }, yr, yr, cols);
       }
@@ -104,9 +102,8 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
         const Vec sum(at::vec::reduce_all<A>([](Vec& a, Vec& b) { return a + b; }, dyr, cols));
         at::vec::map2([&](Vec g, Vec o) { return g - o.exp() * sum; }, dxr, dyr, yr, cols);
       } else {
-        const Vec dot(at::vec::map2_reduce_all<A>([](Vec g, Vec o) { return g * o; },
-                                                  [](Vec a, Vec b) { return a + b; }, dyr, yr,
-                                                  cols));
+        const Vec dot(at::vec::map2_reduce_all<A>(
+            [](Vec g, Vec o) { return g * o; }, [](Vec a, Vec b) { return a + b; }, dyr, yr, cols));
         at::vec::map2([&](Vec g, Vec o) { return o * (g - dot); }, dxr, dyr, yr, cols);
       }
       narrow<T>(dxr, dx + r * cols, cols);
@@ -119,18 +116,17 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   const at::Tensor x = to_rows(input, p.dim);
   at::Tensor y = at::empty_like(x);
   if (p.rows > 0) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "softmax_fwd_cpu",
-                                    [&] {
-                                      softmax_fwd_cpu(x.const_data_ptr<scalar_t>(),
-                                                       y.mutable_data_ptr<scalar_t>(), p.rows,
-                                                       p.cols, log);
-                                    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, x.scalar_type(), "softmax_fwd_cpu", [&] {
+          softmax_fwd_cpu(x.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(), p.rows,
+                          p.cols, log);
+        });
   }
   return from_rows(y, p.dim, input);
 }
 
 at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
-                           bool log) {
+                       bool log) {
   const auto p = check_softmax_bwd(grad_output, output, dim);
   const at::Tensor dy = to_rows(grad_output, p.dim);
   const at::Tensor y = to_rows(output, p.dim);
@@ -139,7 +135,7 @@ at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, 
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, y.scalar_type(), "softmax_bwd_cpu", [&] {
           softmax_bwd_cpu(dy.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(),
-                           dx.mutable_data_ptr<scalar_t>(), p.rows, p.cols, log);
+                          dx.mutable_data_ptr<scalar_t>(), p.rows, p.cols, log);
         });
   }
   return from_rows(dx, p.dim, output);

@@ -41,8 +41,7 @@ at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "softmax_bwd", [&] {
     C10_CUDA_CHECK(softmax_bwd_cuda(cuda_ptr<scalar_t>(dy), cuda_ptr<scalar_t>(y),
-                                    cuda_mut_ptr<scalar_t>(dx), p.rows, p.cols, log, dev,
-                                    stream));
+                                    cuda_mut_ptr<scalar_t>(dx), p.rows, p.cols, log, dev, stream));
   });
   return from_rows(dx, p.dim, output);
 }

@@ -31,10 +31,15 @@ constexpr int kMaxClusterRanks = 8;  // the portable cluster size
 constexpr int kOnlineThreads = 512;
 constexpr int kRowRegisterWords = 32;  // 32-bit registers per thread for row data
 constexpr int kMaxPacks = 8;           // per thread; more spills under the 64-register cap
-// exp(d) = exp2(d * log2(e)) for d = x - max <= 0: one FMUL and one MUFU.EX2, a few ulp.
-constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ float acc_exp(float v) { return expf(v); }
+// exp(v) = 2^(v * log2(e)) in one MUFU.EX2: ex2.approx.ftz is within ~2 ulp, maps -inf to 0,
+// +inf to inf and NaN to NaN, and flushes results below 2^-126 to 0. expf / exp2f without
+// fast-math cost several times more, enough to make the forward compute-bound.
+__device__ __forceinline__ float acc_exp(float v) {
+  float out;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(v * 1.4426950408889634f));
+  return out;
+}
 __device__ __forceinline__ double acc_exp(double v) { return exp(v); }
 __device__ __forceinline__ float acc_log(float v) { return logf(v); }
 __device__ __forceinline__ double acc_log(double v) { return log(v); }
@@ -108,7 +113,7 @@ struct SoftmaxFwd {
       for (int j = 0; j < PACKS; ++j) {
         if (!valid || j * G + g >= npacks) continue;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) s += exp2f((to_acc(x[j].v[k]) - ref) * kLog2e);
+        for (int k = 0; k < VEC; ++k) s += acc_exp(to_acc(x[j].v[k]) - ref);
       }
       return {m, s};
     }
@@ -124,7 +129,7 @@ struct SoftmaxFwd {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float v = to_acc(x[j].v[k]);
-          out[k] = a.log ? (v - row.m) - log_sum : exp2f((v - row.m) * kLog2e) * inv;
+          out[k] = a.log ? (v - row.m) - log_sum : acc_exp(v - row.m) * inv;
         }
         store_pack<T, VEC>(a.y + offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
       }
@@ -185,7 +190,7 @@ struct SoftmaxBwd {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           const float yk = to_acc(y[j].v[k]), dyk = to_acc(dy[j].v[k]);
-          out[k] = a.log ? dyk - expf(yk) * s : yk * (dyk - s);
+          out[k] = a.log ? dyk - acc_exp(yk) * s : yk * (dyk - s);
         }
         store_pack<T, VEC>(a.dx + offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
       }
@@ -203,8 +208,8 @@ __global__ void __launch_bounds__(kWarpTierBlockThreads)
   constexpr int kRowsPerWarp = 32 / LANES;
   const int lane = threadIdx.x % LANES;
   const int64_t cols = int64_t(npacks) * VEC;
-  const int64_t first = (int64_t(blockIdx.x) * (kWarpTierBlockThreads / 32) + threadIdx.x / 32) *
-                        kRowsPerWarp;
+  const int64_t first =
+      (int64_t(blockIdx.x) * (kWarpTierBlockThreads / 32) + threadIdx.x / 32) * kRowsPerWarp;
   const int64_t stride = int64_t(gridDim.x) * kWarpTierBlockThreads / LANES;
   for (int64_t base = first; base < rows; base += stride) {
     const int64_t r = base + (threadIdx.x % 32) / LANES;
@@ -230,12 +235,12 @@ __global__ void __launch_bounds__(kBlockMaxThreads)
   cg::cluster_group cluster = cg::this_cluster();
   const int ranks = int(cluster.num_blocks());
   const int rank = int(cluster.block_rank());
+  int parity = 0;
 #else
   constexpr int ranks = 1, rank = 0;
 #endif
   const int g = rank * blockDim.x + threadIdx.x, G = ranks * blockDim.x;
   const int64_t cols = int64_t(npacks) * VEC;
-  int parity = 0;
   for (int64_t r = blockIdx.x / ranks; r < rows; r += gridDim.x / ranks) {
     typename Policy::template Row<VEC, PACKS> row;
     Stat stat = block_allreduce(row.load(args, r * cols, g, G, npacks, true), Op(), scratch);
@@ -292,8 +297,8 @@ inline Plan plan(int64_t npacks, int vec, int items_max, const DeviceInfo& dev) 
   for (int threads_cap : {kBlockTargetThreads, kBlockMaxThreads}) {
     for (int ranks = 1; ranks <= max_ranks; ranks *= 2) {
       const int64_t per_rank = ceil_div(npacks, ranks);
-      const int packs = std::max(std::min(kTargetPacks, max_packs),
-                                 next_pow2(ceil_div(per_rank, threads_cap)));
+      const int packs =
+          std::max(std::min(kTargetPacks, max_packs), next_pow2(ceil_div(per_rank, threads_cap)));
       if (packs > max_packs) continue;
       const int threads = int(ceil_div(ceil_div(per_rank, packs), 32) * 32);
       return {Tier::kBlock, 0, packs, threads, ranks};
@@ -350,8 +355,8 @@ bool launch_register_tiers(const typename Policy::Args& args, int64_t rows, int6
       return dispatch_int<1, 2, 4, 8, 16, 32>(
           p.lanes, [&](auto lanes) { go(lanes, std::integral_constant<int, 1>{}); });
     }
-    return dispatch_int<2, 4>(
-        p.packs, [&](auto packs) { go(std::integral_constant<int, 32>{}, packs); });
+    return dispatch_int<2, 4>(p.packs,
+                              [&](auto packs) { go(std::integral_constant<int, 32>{}, packs); });
   }
   if (p.tier == Tier::kBlock) {
     auto go = [&](auto packs) {
