@@ -76,6 +76,27 @@ def pip_cuda_include_dirs():
     return list(dict.fromkeys(d for d in dirs if os.path.isdir(d)))
 
 
+def cublaslt_library(cuda_home):
+    """(directory, -l name) of libcublasLt: pip's nvidia wheel (the copy torch loads, matching
+    the pip header) first, then the toolkit's (Jetson). Only a versioned .so may exist (pip)."""
+    dirs = []
+    for site in sys.path:
+        dirs += glob.glob(os.path.join(site, "nvidia", "cu13", "lib"))
+        dirs += glob.glob(os.path.join(site, "nvidia", "cublas", "lib"))
+    dirs += [os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")]
+    dirs += glob.glob(os.path.join(cuda_home, "targets", "*", "lib"))
+    for d in dict.fromkeys(os.path.realpath(d) for d in dirs):
+        names = sorted(os.path.basename(f) for f in glob.glob(os.path.join(d, "libcublasLt.so*")))
+        if "libcublasLt.so" in names:
+            return d, "cublasLt"
+        if names:
+            return d, ":" + min(names, key=len)
+    raise RuntimeError(
+        "libcublasLt not found (fused_mlp needs it): install torch's nvidia-cublas wheel or a "
+        f"CUDA toolkit with cuBLAS; looked in {', '.join(dict.fromkeys(dirs))}"
+    )
+
+
 def want_cuda(torch, cuda_home):
     flag = os.environ.get("FUSEDOPS_CUDA", "").strip()
     if flag == "0":
@@ -143,7 +164,10 @@ def extensions():
 
     default_max_jobs()
     sources = sorted(sum((glob.glob(f"csrc/{d}*.cpp") for d in ("", "autograd/", "cpu/")), []))
-    cxx = ["-O3", *cpu_simd_flags()]  # torch picks the C++ standard its headers need
+    # torch picks the C++ standard its headers need. No trapping math (clang's default, not
+    # GCC's): GCC then if-converts float compares and vectorizes the CPU GELU lane loops; NaN and
+    # inf semantics are unchanged.
+    cxx = ["-O3", "-fno-trapping-math", *cpu_simd_flags()]
     macros = []
     if not want_cuda(torch, cuda_home):
         return [
@@ -170,11 +194,16 @@ def extensions():
         ("FUSEDOPS_CUDA_ARCHS", re.sub(r"[;\s]+", "-", archs.strip())),
     ]
     nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+    lt_dir, lt_name = cublaslt_library(cuda_home)
+    log(f"cuBLASLt: {lt_dir} (-l{lt_name})")
     return [
         cpp_extension.CUDAExtension(
             "fusedops._C",
             sources,
             include_dirs=[os.path.join(ROOT, "csrc")],
+            library_dirs=[lt_dir],
+            libraries=[lt_name],
+            extra_link_args=[f"-Wl,-rpath,{lt_dir}"],
             extra_compile_args={"cxx": cxx, "nvcc": nvcc},
             define_macros=macros,
             py_limited_api=True,

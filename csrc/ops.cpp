@@ -38,6 +38,23 @@ TORCH_LIBRARY(fusedops, m) {
   m.def("rms_norm_fwd(Tensor input, int[] normalized_shape, Tensor? weight, float? eps) -> (Tensor out, Tensor rstd)");
   m.def("rms_norm_bwd(Tensor grad_out, Tensor input, int[] normalized_shape, Tensor rstd, Tensor? weight, bool[2] output_mask) -> (Tensor? grad_input, Tensor? grad_weight)");
   // clang-format on
+  // gelu(input + bias), bias [input.size(-1)]; approximate is "none" (erf) or "tanh".
+  m.def("bias_gelu_fwd(Tensor input, Tensor bias, str approximate) -> Tensor");
+  m.def(
+      "bias_gelu_bwd(Tensor grad_output, Tensor input, Tensor bias, str approximate) -> "
+      "(Tensor grad_input, Tensor grad_bias)");
+  // out = gelu(x @ w1.T + b1) @ w2.T + b2 over x [..., in]; w1 [hidden, in], w2 [out, hidden].
+  // pre = x @ w1.T + b1 and act = gelu(pre), both [..., hidden], are returned for the backward
+  // when save_pre / save_act, else as empty [0] tensors.
+  m.def(
+      "mlp_fwd(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, str approximate, "
+      "bool save_pre, bool save_act) -> (Tensor out, Tensor pre, Tensor act)");
+  // Gradients for (x, w1, b1, w2, b2) where output_mask says so, else empty [0] tensors. act may
+  // be an empty [0] tensor: it is then recomputed from pre.
+  m.def(
+      "mlp_bwd(Tensor grad_out, Tensor x, Tensor w1, Tensor w2, Tensor pre, Tensor act, "
+      "str approximate, bool[5] output_mask) -> (Tensor grad_x, Tensor grad_w1, Tensor grad_b1, "
+      "Tensor grad_w2, Tensor grad_b2)");
   m.def("build_info() -> str", &build_info);
 }
 

@@ -4,11 +4,29 @@ import torch
 
 from fusedops import nn
 from fusedops._ops import ops as _ops
-from fusedops.functional import layer_norm, log_softmax, rms_norm, softmax
+from fusedops.functional import (
+    bias_gelu,
+    fused_mlp,
+    layer_norm,
+    log_softmax,
+    rms_norm,
+    softmax,
+)
+from fusedops.nn import FusedMLP
 
 __version__ = "0.1.0"
 
-__all__ = ["build_info", "layer_norm", "log_softmax", "nn", "rms_norm", "softmax"]
+__all__ = [
+    "FusedMLP",
+    "bias_gelu",
+    "build_info",
+    "fused_mlp",
+    "layer_norm",
+    "log_softmax",
+    "nn",
+    "rms_norm",
+    "softmax",
+]
 
 
 def build_info() -> dict:

@@ -149,6 +149,66 @@ register(
     )
 )
 
+
+def _bias_gelu_inputs(rows: int, n: int, dtype: torch.dtype, device: torch.device):
+    return torch.randn(rows, n, dtype=dtype, device=device), torch.randn(
+        n, dtype=dtype, device=device
+    )
+
+
+for _approx in ("none", "tanh"):
+    register(
+        Spec(
+            "bias_gelu" if _approx == "none" else "bias_gelu_tanh",
+            _bias_gelu_inputs,
+            fused=lambda x, b, a=_approx: fusedops.bias_gelu(x, b, a),
+            eager=lambda x, b, a=_approx: torch.nn.functional.gelu(x + b, approximate=a),
+            fwd_bytes=lambda r, n, e: 2 * r * n * e,  # read x, write y
+            bwd_bytes=lambda r, n, e: 3 * r * n * e,  # read x and dy, write dx (dbias: a param)
+            grad_args=(0, 1),
+            family="bias_gelu",
+        )
+    )
+
+# fused_mlp: rows x N with N = in = out features and hidden = 4N, as transformer MLPs. GEMM-bound:
+# compare times with eager, not % of copy (the bytes are only x and out, as a reference point).
+MLP_SHAPES = ((4096, 1024), (16384, 1024), (8192, 2048), (4096, 4096))
+
+
+def _mlp_inputs(rows: int, n: int, dtype: torch.dtype, device: torch.device):
+    def param(*shape, fan_in):
+        return torch.randn(*shape, dtype=dtype, device=device) / fan_in**0.5
+
+    return (
+        torch.randn(rows, n, dtype=dtype, device=device),
+        param(4 * n, n, fan_in=n),
+        param(4 * n, fan_in=n),
+        param(n, 4 * n, fan_in=4 * n),
+        param(n, fan_in=4 * n),
+    )
+
+
+def _eager_mlp(x, w1, b1, w2, b2, approximate):
+    F = torch.nn.functional
+    return F.linear(F.gelu(F.linear(x, w1, b1), approximate=approximate), w2, b2)
+
+
+for _approx in ("none", "tanh"):
+    register(
+        Spec(
+            "fused_mlp" if _approx == "none" else "fused_mlp_tanh",
+            _mlp_inputs,
+            fused=lambda *t, a=_approx: fusedops.fused_mlp(*t, approximate=a),
+            eager=lambda *t, a=_approx: _eager_mlp(*t, a),
+            fwd_bytes=lambda r, n, e: 2 * r * n * e,
+            bwd_bytes=lambda r, n, e: 3 * r * n * e,
+            shapes=MLP_SHAPES,
+            grad_args=(0, 1, 2, 3, 4),
+            family="fused_mlp",
+        )
+    )
+
+
 DEFAULT_OPS = (
     "softmax_fwd",
     "softmax_bwd",
@@ -159,6 +219,8 @@ DEFAULT_OPS = (
     "rms_norm_bwd",
     "layer_norm_fp32w_fwd",
     "layer_norm_fp32w_bwd",
+    "bias_gelu_fwd",
+    "bias_gelu_bwd",
 )
 
 

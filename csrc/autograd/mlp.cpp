@@ -1,0 +1,145 @@
+// Autograd for bias_gelu and fused_mlp, registered in C++ (one dispatcher trip, no Python):
+// the forward redispatches below the Autograd key to the device kernel and saves what the
+// backward op needs. fused_mlp saves x, the weights, the pre-activation and, unless the caller
+// asked to recompute it, the GELU output. Double backward is not supported.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <array>
+#include <string>
+#include <tuple>
+
+namespace fusedops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = c10::optional<at::Tensor>;
+
+at::Tensor bias_gelu_fwd_op(const at::Tensor& input, const at::Tensor& bias,
+                            c10::string_view approximate) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fusedops::bias_gelu_fwd", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return op.call(input, bias, approximate);
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd_op(const at::Tensor& grad_output,
+                                                    const at::Tensor& input, const at::Tensor& bias,
+                                                    c10::string_view approximate) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fusedops::bias_gelu_bwd", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, c10::string_view)>();
+  return op.call(grad_output, input, bias, approximate);
+}
+
+using MlpFwdOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using MlpBwdOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+MlpFwdOutputs mlp_fwd_op(const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1,
+                         const at::Tensor& w2, const OptTensor& b2, c10::string_view approximate,
+                         bool save_pre, bool save_act) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fusedops::mlp_fwd", "")
+                       .typed<MlpFwdOutputs(const at::Tensor&, const at::Tensor&, const OptTensor&,
+                                            const at::Tensor&, const OptTensor&, c10::string_view,
+                                            bool, bool)>();
+  return op.call(x, w1, b1, w2, b2, approximate, save_pre, save_act);
+}
+
+MlpBwdOutputs mlp_bwd_op(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w1,
+                         const at::Tensor& w2, const at::Tensor& pre, const at::Tensor& act,
+                         c10::string_view approximate, std::array<bool, 5> output_mask) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fusedops::mlp_bwd", "")
+                       .typed<MlpBwdOutputs(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            c10::string_view, std::array<bool, 5>)>();
+  return op.call(grad_out, x, w1, w2, pre, act, approximate, output_mask);
+}
+
+class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& bias,
+                            const std::string& approximate) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({input, bias});
+    ctx->saved_data["approximate"] = approximate;
+    return bias_gelu_fwd_op(input, bias, approximate);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [dinput, dbias] = bias_gelu_bwd_op(grads[0], saved[0], saved[1],
+                                            ctx->saved_data["approximate"].toStringRef());
+    return {dinput, dbias, at::Tensor()};
+  }
+};
+
+class MlpFunction : public torch::autograd::Function<MlpFunction> {
+ public:
+  // b1 and b2 are optional: absent ones have no autograd edge (see backward).
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1,
+                               const OptTensor& b1, const at::Tensor& w2, const OptTensor& b2,
+                               const std::string& approximate, bool save_pre, bool save_act) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, pre, act] = mlp_fwd_op(x, w1, b1, w2, b2, approximate, save_pre, save_act);
+    ctx->mark_non_differentiable({pre, act});
+    ctx->save_for_backward({x, w1, w2, pre, act});
+    ctx->saved_data["approximate"] = approximate;
+    ctx->saved_data["save_pre"] = save_pre;
+    ctx->saved_data["has_b1"] = b1.has_value() && b1->defined();
+    ctx->saved_data["has_b2"] = b2.has_value() && b2->defined();
+    return {out, pre, act};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(
+        ctx->saved_data["save_pre"].toBool(),
+        "fusedops.fused_mlp: backward needs the pre-activation, but the forward ran with "
+        "save_pre=False (call fusedops.fused_mlp, which sets it when a gradient is needed)");
+    const auto saved = ctx->get_saved_variables();
+    const bool has_b1 = ctx->saved_data["has_b1"].toBool();
+    const bool has_b2 = ctx->saved_data["has_b2"].toBool();
+    // Autograd edges exist only for tensor inputs that are present: x, w1, [b1], w2, [b2].
+    const int w2_edge = has_b1 ? 3 : 2;
+    const std::array<bool, 5> mask = {
+        ctx->needs_input_grad(0), ctx->needs_input_grad(1), has_b1 && ctx->needs_input_grad(2),
+        ctx->needs_input_grad(w2_edge), has_b2 && ctx->needs_input_grad(w2_edge + 1)};
+    // One entry per forward argument, bias or not: x, w1, b1, w2, b2, approximate, save_*.
+    variable_list out(8);
+    if (!(mask[0] || mask[1] || mask[2] || mask[3] || mask[4])) return out;
+    auto g = mlp_bwd_op(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
+                        ctx->saved_data["approximate"].toStringRef(), mask);
+    const at::Tensor all[5] = {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g),
+                               std::get<4>(g)};
+    for (int i = 0; i < 5; ++i) {
+      if (mask[i]) out[i] = all[i];
+    }
+    return out;
+  }
+};
+
+at::Tensor bias_gelu_fwd_autograd(const at::Tensor& input, const at::Tensor& bias,
+                                  c10::string_view approximate) {
+  return BiasGeluFunction::apply(input, bias, std::string(approximate));
+}
+
+MlpFwdOutputs mlp_fwd_autograd(const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1,
+                               const at::Tensor& w2, const OptTensor& b2,
+                               c10::string_view approximate, bool save_pre, bool save_act) {
+  auto outs = MlpFunction::apply(x, w1, b1, w2, b2, std::string(approximate), save_pre, save_act);
+  return {outs[0], outs[1], outs[2]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
+  m.impl("bias_gelu_fwd", &bias_gelu_fwd_autograd);
+  m.impl("mlp_fwd", &mlp_fwd_autograd);
+}
+
+}  // namespace fusedops

@@ -1,0 +1,342 @@
+// CUDA fused_mlp: cuBLASLt GEMMs with fused epilogues around the bias_gelu kernels.
+//   forward  tanh:  fc1 = GEMM + bias + GELU (GELU_AUX_BIAS, pre-activation as aux output)
+//            exact: fc1 = GEMM + bias (BIAS) into pre, then the erf GELU kernel (cuBLASLt's
+//                   GELU is the tanh form; no silent switch); fc2 = GEMM + bias (BIAS)
+//   backward dW2 + db2 (BGRADB); tanh: dpre + db1 (DGELU_BGRAD), exact: GEMM then the bias_gelu
+//            backward kernel (dpre and a deterministic db1); dW1 and dx plain GEMMs.
+// Torch tensors are row-major, cuBLASLt column-major: y = x @ w.T is computed as y.T = w @ x.T.
+// A GEMM the epilogue can't take (alignment, dtype, no algorithm) falls back to plain cuBLASLt or
+// ATen plus the bias_gelu kernels; it never fails for that reason.
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cublasLt.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+
+#include "common/bias_gelu_host.h"
+#include "common/mlp_host.h"
+
+namespace fusedops {
+namespace {
+
+// A row-major contiguous [rows, cols] matrix; to cuBLASLt it is column-major [cols, rows], ld=cols.
+struct RowMajor {
+  const void* ptr;
+  int64_t rows, cols;
+};
+
+RowMajor row_major(const at::Tensor& t) { return {t.const_data_ptr(), t.size(0), t.size(1)}; }
+
+// d [M, N] = op(a) @ op(b) in row-major terms, op(a) = a.T when a_t. Epilogue operands:
+//   bias: BIAS reads it, BGRADB / DGELU_BGRAD write it; [N] (BGRADB: [M])
+//   aux:  GELU_AUX* writes the pre-activation, DGELU* reads it; [M, N] row-major (ld N)
+struct LtGemm {
+  RowMajor a;
+  bool a_t;
+  RowMajor b;
+  bool b_t;
+  at::Tensor& d;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  const void* aux = nullptr;
+};
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Largest power of two (<= 256) dividing the address: what heuristics may assume about it.
+uint32_t alignment_of(const void* p) {
+  uint32_t a = 256;
+  while (a > 1 && reinterpret_cast<uintptr_t>(p) % a != 0) a /= 2;
+  return a;
+}
+
+template <typename R>
+bool reduced_precision_allowed(R option) {
+  if constexpr (std::is_same_v<R, bool>) {  // torch < 2.9: a bool
+    return option;
+  } else {
+    return option == R::AllowReducedPrecisionWithSplitK;
+  }
+}
+
+template <typename R>
+bool split_k_allowed(R option) {
+  if constexpr (std::is_same_v<R, bool>) {
+    return true;
+  } else {
+    return option != R::DisallowReducedPrecisionDisallowSplitK;
+  }
+}
+
+// torch.backends.cuda.matmul.allow_{fp16,bf16}_reduced_precision_reduction as a cuBLASLt mask.
+uint32_t reduction_scheme_mask(at::ScalarType dtype) {
+  auto mask = [](auto option) -> uint32_t {
+    if (!split_k_allowed(option)) return CUBLASLT_REDUCTION_SCHEME_NONE;
+    if (!reduced_precision_allowed(option)) {
+      return CUBLASLT_REDUCTION_SCHEME_MASK & ~uint32_t(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE);
+    }
+    return CUBLASLT_REDUCTION_SCHEME_MASK;
+  };
+  if (dtype == at::kHalf) return mask(at::globalContext().allowFP16ReductionCuBLAS());
+  if (dtype == at::kBFloat16) return mask(at::globalContext().allowBF16ReductionCuBLAS());
+  return CUBLASLT_REDUCTION_SCHEME_MASK;
+}
+
+#define FUSEDOPS_LT_TRY(expr) \
+  if ((expr) != CUBLAS_STATUS_SUCCESS) return false
+
+struct MatmulDesc {
+  cublasLtMatmulDesc_t h = nullptr;
+  ~MatmulDesc() {
+    if (h != nullptr) cublasLtMatmulDescDestroy(h);
+  }
+  template <typename V>
+  cublasStatus_t set(cublasLtMatmulDescAttributes_t attr, const V& value) {
+    return cublasLtMatmulDescSetAttribute(h, attr, &value, sizeof(value));
+  }
+};
+
+struct Layout {
+  cublasLtMatrixLayout_t h = nullptr;
+  ~Layout() {
+    if (h != nullptr) cublasLtMatrixLayoutDestroy(h);
+  }
+};
+
+struct Preference {
+  cublasLtMatmulPreference_t h = nullptr;
+  ~Preference() {
+    if (h != nullptr) cublasLtMatmulPreferenceDestroy(h);
+  }
+  template <typename V>
+  cublasStatus_t set(cublasLtMatmulPreferenceAttributes_t attr, const V& value) {
+    return cublasLtMatmulPreferenceSetAttribute(h, attr, &value, sizeof(value));
+  }
+};
+
+// Runs g on the current stream; false (nothing enqueued) when cuBLASLt can't take it.
+bool lt_gemm(const LtGemm& g) {
+  const at::ScalarType dtype = g.d.scalar_type();
+  cudaDataType_t type;
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  switch (dtype) {
+    case at::kFloat:
+      type = CUDA_R_32F;
+      // torch.backends.cuda.matmul.allow_tf32, as torch's own fp32 matmuls.
+      if (at::globalContext().allowTF32CuBLAS()) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+      break;
+    case at::kHalf:
+      type = CUDA_R_16F;
+      break;
+    case at::kBFloat16:
+      type = CUDA_R_16BF;
+      break;
+    default:
+      return false;
+  }
+  const int64_t m_rows = g.d.size(0), n_cols = g.d.size(1);
+  const int64_t k = g.a_t ? g.a.rows : g.a.cols;
+  TORCH_INTERNAL_ASSERT((g.a_t ? g.a.cols : g.a.rows) == m_rows &&
+                        (g.b_t ? g.b.rows : g.b.cols) == n_cols &&
+                        (g.b_t ? g.b.cols : g.b.rows) == k);
+  if (m_rows == 0 || n_cols == 0 || k == 0) return false;
+  // 16-byte aligned pointers and leading dimensions; the GELU aux ld must be a multiple of 8.
+  const int64_t esize = static_cast<int64_t>(at::elementSize(dtype));
+  const bool aligned = aligned16(g.a.ptr) && aligned16(g.b.ptr) && aligned16(g.d.data_ptr()) &&
+                       (g.a.cols * esize) % 16 == 0 && (g.b.cols * esize) % 16 == 0 &&
+                       (n_cols * esize) % 16 == 0 && (g.bias == nullptr || aligned16(g.bias)) &&
+                       (g.aux == nullptr || (aligned16(g.aux) && n_cols % 8 == 0));
+  if (!aligned) return false;
+
+  // Column-major view: D.T [N, M] = op(b).T [N, K] @ op(a).T [K, M], so cuBLASLt's A is our b.
+  MatmulDesc desc;
+  FUSEDOPS_LT_TRY(cublasLtMatmulDescCreate(&desc.h, compute, CUDA_R_32F));
+  FUSEDOPS_LT_TRY(
+      desc.set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.b_t ? CUBLAS_OP_T : CUBLAS_OP_N)));
+  FUSEDOPS_LT_TRY(
+      desc.set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.a_t ? CUBLAS_OP_T : CUBLAS_OP_N)));
+  FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(g.epilogue)));
+  if (g.bias != nullptr) FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias));
+  if (g.aux != nullptr) {
+    FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux));
+    FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(n_cols)));
+  }
+  Layout a_layout, b_layout, d_layout;
+  FUSEDOPS_LT_TRY(cublasLtMatrixLayoutCreate(&a_layout.h, type, g.b.cols, g.b.rows, g.b.cols));
+  FUSEDOPS_LT_TRY(cublasLtMatrixLayoutCreate(&b_layout.h, type, g.a.cols, g.a.rows, g.a.cols));
+  FUSEDOPS_LT_TRY(cublasLtMatrixLayoutCreate(&d_layout.h, type, n_cols, m_rows, n_cols));
+
+  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+  const uint64_t max_workspace = prop->major >= 9 ? (uint64_t(32) << 20) : (uint64_t(4) << 20);
+  Preference pref;
+  FUSEDOPS_LT_TRY(cublasLtMatmulPreferenceCreate(&pref.h));
+  FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace));
+  FUSEDOPS_LT_TRY(
+      pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reduction_scheme_mask(dtype)));
+  FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(g.b.ptr)));
+  FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(g.a.ptr)));
+  FUSEDOPS_LT_TRY(
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(g.d.data_ptr())));
+  FUSEDOPS_LT_TRY(
+      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(g.d.data_ptr())));
+
+  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  cublasLtMatmulHeuristicResult_t heuristic = {};
+  int found = 0;
+  FUSEDOPS_LT_TRY(cublasLtMatmulAlgoGetHeuristic(handle, desc.h, a_layout.h, b_layout.h, d_layout.h,
+                                                 d_layout.h, pref.h, 1, &heuristic, &found));
+  if (found == 0) return false;
+
+  // From the caching allocator on this stream: handed back when this returns, reused only by
+  // work queued after the GEMM (and from the graph's pool under CUDA graph capture).
+  at::Tensor workspace;
+  if (heuristic.workspaceSize > 0) {
+    workspace =
+        at::empty({static_cast<int64_t>(heuristic.workspaceSize)}, g.d.options().dtype(at::kByte));
+  }
+  const float alpha = 1.f, beta = 0.f;
+  void* d = g.d.data_ptr();
+  // beta == 0: C is never read; it aliases D as cuBLASLt allows.
+  FUSEDOPS_LT_TRY(cublasLtMatmul(handle, desc.h, &alpha, g.b.ptr, a_layout.h, g.a.ptr, b_layout.h,
+                                 &beta, d, d_layout.h, d, d_layout.h, &heuristic.algo,
+                                 workspace.defined() ? workspace.data_ptr() : nullptr,
+                                 heuristic.workspaceSize, at::cuda::getCurrentCUDAStream()));
+  return true;
+}
+
+#undef FUSEDOPS_LT_TRY
+
+// d = op(a) @ op(b): cuBLASLt, else ATen.
+void gemm_into(at::Tensor& d, const at::Tensor& a, bool a_t, const at::Tensor& b, bool b_t) {
+  if (lt_gemm({row_major(a), a_t, row_major(b), b_t, d})) return;
+  at::mm_out(d, a_t ? a.t() : a, b_t ? b.t() : b);
+}
+
+// d = a @ w.T + bias (nn.Linear): cuBLASLt with the BIAS epilogue, else ATen.
+void linear_into(at::Tensor& d, const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias) {
+  if (!bias.defined()) return gemm_into(d, a, false, w, true);
+  if (lt_gemm({row_major(a), false, row_major(w), true, d, CUBLASLT_EPILOGUE_BIAS,
+               bias.const_data_ptr()})) {
+    return;
+  }
+  at::addmm_out(d, bias, a, w.t());
+}
+
+at::Tensor contiguous_or_undefined(const c10::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? t->contiguous() : at::Tensor();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(const at::Tensor& x, const at::Tensor& w1,
+                                                       const c10::optional<at::Tensor>& b1_opt,
+                                                       const at::Tensor& w2,
+                                                       const c10::optional<at::Tensor>& b2_opt,
+                                                       c10::string_view approximate, bool save_pre,
+                                                       bool save_act) {
+  const MlpProblem p = check_mlp("fused_mlp", x, w1, b1_opt, w2, b2_opt, approximate);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor x2 = x.reshape({p.rows, p.in}).contiguous();
+  const at::Tensor w1c = w1.contiguous(), w2c = w2.contiguous();
+  const at::Tensor b1 = contiguous_or_undefined(b1_opt), b2 = contiguous_or_undefined(b2_opt);
+  const auto opts = x.options();
+
+  at::Tensor pre, act;
+  bool fused = false;
+  if (p.approx == GeluApprox::kTanh) {
+    act = at::empty({p.rows, p.hidden}, opts);
+    if (save_pre) pre = at::empty({p.rows, p.hidden}, opts);
+    const cublasLtEpilogue_t epilogue =
+        b1.defined() ? (save_pre ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS)
+                     : (save_pre ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU);
+    fused = lt_gemm({row_major(x2), false, row_major(w1c), true, act, epilogue,
+                     b1.defined() ? b1.const_data_ptr() : nullptr,
+                     save_pre ? pre.const_data_ptr() : nullptr});
+  }
+  if (!fused) {
+    pre = at::empty({p.rows, p.hidden}, opts);
+    linear_into(pre, x2, w1c, b1);
+    act = bias_gelu_rows_fwd_cuda(pre, at::Tensor(), p.approx);
+  }
+  at::Tensor out = at::empty({p.rows, p.out}, opts);
+  linear_into(out, act, w2c, b2);
+  return mlp_fwd_outputs(p, x, out, pre, act, save_pre, save_act);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
+    const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+    const at::Tensor& pre, const at::Tensor& act, c10::string_view approximate,
+    std::array<bool, 5> mask) {
+  const MlpProblem p =
+      check_mlp_bwd("fused_mlp_backward", grad_out, x, w1, w2, pre, act, approximate);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor dy2 = grad_out.reshape({p.rows, p.out}).contiguous();
+  const at::Tensor x2 = x.reshape({p.rows, p.in}).contiguous();
+  const at::Tensor w1c = w1.contiguous(), w2c = w2.contiguous();
+  const at::Tensor pre2 = pre.reshape({p.rows, p.hidden}).contiguous();
+  const auto opts = x.options();
+  std::array<at::Tensor, 5> g;  // dx, dw1, db1, dw2, db2
+
+  if (mask[3]) {
+    const at::Tensor act2 = act.sizes() == pre.sizes()
+                                ? act.reshape({p.rows, p.hidden}).contiguous()
+                                : bias_gelu_rows_fwd_cuda(pre2, at::Tensor(), p.approx);
+    g[3] = at::empty({p.out, p.hidden}, opts);
+    // dW2 = dy.T @ act; BGRADB sums dy over the rows (the GEMM's k) into db2.
+    bool fused = false;
+    if (mask[4]) {
+      g[4] = at::empty({p.out}, opts);
+      fused = lt_gemm({row_major(dy2), true, row_major(act2), false, g[3], CUBLASLT_EPILOGUE_BGRADB,
+                       g[4].const_data_ptr()});
+    }
+    if (!fused) {
+      gemm_into(g[3], dy2, true, act2, false);
+      if (mask[4]) g[4] = dy2.sum(0);
+    }
+  } else if (mask[4]) {
+    g[4] = dy2.sum(0);
+  }
+
+  if (mask[0] || mask[1] || mask[2]) {
+    at::Tensor dpre, db1;
+    bool fused = false;
+    if (p.approx == GeluApprox::kTanh) {
+      // dpre = (dy @ w2) * gelu_tanh'(pre), db1 = its column sums, in the GEMM's epilogue.
+      dpre = at::empty({p.rows, p.hidden}, opts);
+      if (mask[2]) db1 = at::empty({p.hidden}, opts);
+      fused = lt_gemm({row_major(dy2), false, row_major(w2c), false, dpre,
+                       mask[2] ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU,
+                       mask[2] ? db1.const_data_ptr() : nullptr, pre2.const_data_ptr()});
+    }
+    if (!fused) {
+      at::Tensor dact = at::empty({p.rows, p.hidden}, opts);
+      gemm_into(dact, dy2, false, w2c, false);
+      std::tie(dpre, db1) = bias_gelu_rows_bwd_cuda(dact, pre2, at::Tensor(), p.approx, mask[2]);
+    }
+    if (mask[1]) {
+      g[1] = at::empty({p.hidden, p.in}, opts);
+      gemm_into(g[1], dpre, true, x2, false);
+    }
+    if (mask[0]) {
+      g[0] = at::empty({p.rows, p.in}, opts);
+      gemm_into(g[0], dpre, false, w1c, false);
+    }
+    g[2] = db1;
+  }
+  return mlp_bwd_outputs(x, g);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
+  m.impl("mlp_fwd", &mlp_fwd);
+  m.impl("mlp_bwd", &mlp_bwd);
+}
+
+}  // namespace fusedops

@@ -1,0 +1,249 @@
+"""fusedops.bias_gelu / BiasGELU against an fp64 CPU reference and torch at the same dtype."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusedops
+
+CUDA = torch.cuda.is_available()
+_CUDA_MARKS = (pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA device"))
+DEVICES = ["cpu", pytest.param("cuda", marks=_CUDA_MARKS)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+APPROX = ["none", "tanh"]
+SHAPES = [(1, 1), (3, 7), (5, 1000), (2, 3, 257), (33, 4096), (2, 262144), (4, 8)]
+
+
+def needs_cuda(test):
+    for mark in _CUDA_MARKS:
+        test = mark(test)
+    return test
+
+
+# Until tests/reference.py lands on main: the tolerance rule of DESIGN.md section 6.
+ATOL = {torch.float64: 1e-12, torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+def err(t, ref):
+    return (t.double().cpu() - ref).abs().max().item() if ref.numel() else 0.0
+
+
+def assert_rule(ours, theirs, ref, dtype):
+    """err(fusedops) <= 2 * err(torch, same dtype) + atol, both against the fp64 reference."""
+    scale = 1.0 + (ref.abs().max().item() if ref.numel() else 0.0)
+    e_ours, e_torch = err(ours, ref), err(theirs, ref)
+    assert e_ours <= 2 * e_torch + ATOL[dtype] * scale, (e_ours, e_torch)
+
+
+def inputs(shape, dtype, device, requires_grad=False):
+    x = torch.randn(shape, dtype=dtype, device=device) * 3
+    b = torch.randn(shape[-1], dtype=dtype, device=device)
+    return x.requires_grad_(requires_grad), b.requires_grad_(requires_grad)
+
+
+def reference(x, b, approximate):
+    """Output and (dx, db) for grad dy, all fp64 on CPU."""
+    xr = x.detach().double().cpu().requires_grad_()
+    br = b.detach().double().cpu().requires_grad_()
+    return F.gelu(xr + br, approximate=approximate), xr, br
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_forward_backward(shape, approximate, dtype, device):
+    x, b = inputs(shape, dtype, device, requires_grad=True)
+    y = fusedops.bias_gelu(x, b, approximate)
+    y_torch = F.gelu(x + b, approximate=approximate)
+    y_ref, xr, br = reference(x, b, approximate)
+    assert y.shape == x.shape and y.dtype == dtype and y.is_contiguous()
+    assert_rule(y, y_torch, y_ref, dtype)
+
+    dy = torch.randn_like(y)
+    dx, db = torch.autograd.grad(y, (x, b), dy)
+    dx_torch, db_torch = torch.autograd.grad(y_torch, (x, b), dy)
+    dx_ref, db_ref = torch.autograd.grad(y_ref, (xr, br), dy.double().cpu())
+    assert dx.dtype == dtype and db.dtype == dtype and db.shape == b.shape
+    assert_rule(dx, dx_torch, dx_ref, dtype)
+    assert_rule(db, db_torch, db_ref, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", APPROX)
+def test_matches_torch_fp32_and_fp64(approximate, device):
+    # fp32 loosely: torch's CPU erf is a vectorized approximation, not the libm one used here.
+    for dtype, atol in ((torch.float32, 1e-5), (torch.float64, 1e-14)):
+        x, b = inputs((17, 300), dtype, device)
+        torch.testing.assert_close(
+            fusedops.bias_gelu(x, b, approximate),
+            F.gelu(x + b, approximate=approximate),
+            atol=atol,
+            rtol=atol,
+        )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous(device):
+    x = torch.randn(64, 48, device=device).t()  # [48, 64], transposed
+    b = torch.randn(128, device=device)[::2]  # stride 2
+    x.requires_grad_()
+    b.requires_grad_()
+    y = fusedops.bias_gelu(x, b)
+    torch.testing.assert_close(y, F.gelu(x + b))
+    dy = torch.randn(64, 48, device=device).t()
+    dx, db = torch.autograd.grad(y, (x, b), dy)
+    dx_t, db_t = torch.autograd.grad(F.gelu(x + b), (x, b), dy)
+    torch.testing.assert_close(dx, dx_t)
+    torch.testing.assert_close(db, db_t, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(0, 16), (4, 0), (2, 0, 8)])
+def test_empty(shape, device):
+    x, b = inputs(shape, torch.float32, device, requires_grad=True)
+    y = fusedops.bias_gelu(x, b)
+    assert y.shape == x.shape
+    dx, db = torch.autograd.grad(y, (x, b), torch.randn_like(y))
+    assert dx.shape == x.shape and db.shape == b.shape
+    assert torch.equal(db, torch.zeros_like(b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", APPROX)
+def test_nonfinite(approximate, device):
+    # NaN stays NaN; elsewhere as torch, except where torch's own erf gives NaN (its AVX512 erf
+    # does at +inf), since gelu(+inf) = +inf.
+    x = torch.tensor([[float("nan"), float("inf"), -float("inf"), 1.0, 30.0, -30.0]], device=device)
+    y = fusedops.bias_gelu(x, torch.zeros(6, device=device), approximate)
+    y_torch = F.gelu(x, approximate=approximate)
+    assert torch.isnan(y[0, 0])
+    known = ~torch.isnan(y_torch)
+    torch.testing.assert_close(y[known], y_torch[known])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck(requires_grad, approximate, device):
+    x, b = inputs((3, 5, 40), torch.float32, device, requires_grad)
+    torch.library.opcheck(torch.ops.fusedops.bias_gelu_fwd.default, (x, b, approximate))
+    dy = torch.randn(3, 5, 40, device=device)
+    torch.library.opcheck(
+        torch.ops.fusedops.bias_gelu_bwd.default, (dy, x.detach(), b.detach(), approximate)
+    )
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+def test_gradcheck(approximate):
+    x, b = inputs((4, 3, 11), torch.float64, "cpu", requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, b: fusedops.bias_gelu(x, b, approximate), (x, b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    def f(x, b):
+        return fusedops.bias_gelu(x, b, "none") + fusedops.bias_gelu(x, b, "tanh")
+
+    compiled = torch.compile(f, fullgraph=True)
+    x, b = inputs((6, 70), torch.float32, device, requires_grad=True)
+    y, y_eager = compiled(x, b), f(x, b)
+    torch.testing.assert_close(y, y_eager)
+    dy = torch.randn_like(y)
+    for g, g_eager in zip(
+        torch.autograd.grad(y, (x, b), dy), torch.autograd.grad(y_eager, (x, b), dy), strict=True
+    ):
+        torch.testing.assert_close(g, g_eager)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module(device):
+    m = fusedops.nn.BiasGELU(24, approximate="tanh", device=device)
+    assert list(m.state_dict()) == ["bias"] and torch.equal(m.bias, torch.zeros(24, device=device))
+    with torch.no_grad():
+        m.bias.normal_()
+    x = torch.randn(5, 24, device=device)
+    torch.testing.assert_close(m(x), F.gelu(x + m.bias, approximate="tanh"))
+    assert "approximate='tanh'" in repr(m)
+
+
+def test_bad_inputs():
+    x, b = inputs((4, 8), torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"bias_gelu: bias must have shape \[8\]"):
+        fusedops.bias_gelu(x, torch.randn(7))
+    with pytest.raises(ValueError, match=r"bias must have shape \[8\]"):
+        fusedops.bias_gelu(x, torch.randn(1, 8))
+    with pytest.raises(TypeError, match="bias has dtype Half but input has dtype Float"):
+        fusedops.bias_gelu(x, b.half())
+    with pytest.raises(TypeError, match="input must be float32, float16, bfloat16 or float64"):
+        fusedops.bias_gelu(x.int(), b.int())
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'erf'"):
+        fusedops.bias_gelu(x, b, "erf")
+    with pytest.raises(ValueError, match="at least one dimension"):
+        fusedops.bias_gelu(torch.tensor(1.0), torch.randn(1))
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
+        fusedops.nn.BiasGELU(8, approximate="fast")
+
+
+@needs_cuda
+def test_bad_device():
+    x, b = inputs((4, 8), torch.float32, "cuda")
+    with pytest.raises(RuntimeError, match="bias is on cpu but input is on cuda"):
+        fusedops.bias_gelu(x, b.cpu())
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cuda_dbias_deterministic(dtype):
+    x, b = inputs((8192, 1024), dtype, "cuda", requires_grad=True)
+    dy = torch.randn(8192, 1024, dtype=dtype, device="cuda")
+    runs = [torch.autograd.grad(fusedops.bias_gelu(x, b), (x, b), dy) for _ in range(3)]
+    for dx, db in runs[1:]:
+        assert torch.equal(dx, runs[0][0]) and torch.equal(db, runs[0][1])
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROX)
+def test_cuda_unaligned_scalar_path(approximate, dtype):
+    # A storage offset of one element defeats 16-byte loads: the scalar path must agree.
+    base = torch.randn(64 * 520 + 1, dtype=dtype, device="cuda") * 3
+    x = base[1:].view(64, 520).requires_grad_()
+    b = torch.randn(520, dtype=dtype, device="cuda", requires_grad=True)
+    y = fusedops.bias_gelu(x, b, approximate)
+    y_ref, xr, br = reference(x, b, approximate)
+    y_torch = F.gelu(x + b, approximate=approximate)
+    assert_rule(y, y_torch, y_ref, dtype)
+    dy = torch.randn_like(y)
+    dx, db = torch.autograd.grad(y, (x, b), dy)
+    dx_ref, db_ref = torch.autograd.grad(y_ref, (xr, br), dy.double().cpu())
+    dx_t, db_t = torch.autograd.grad(y_torch, (x, b), dy)
+    assert_rule(dx, dx_t, dx_ref, dtype)
+    assert_rule(db, db_t, db_ref, dtype)
+
+
+@needs_cuda
+def test_cuda_graph():
+    x, b = inputs((300, 1000), torch.bfloat16, "cuda", requires_grad=True)
+    dy = torch.randn(300, 1000, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        y = fusedops.bias_gelu(x, b, "tanh")
+        return (y, *torch.autograd.grad(y, (x, b), dy))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+        b.copy_(torch.randn_like(b))
+        dy.copy_(torch.randn_like(dy))
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(static, step(), strict=True):
+        assert torch.equal(got, want)

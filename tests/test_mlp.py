@@ -1,0 +1,427 @@
+"""fusedops.fused_mlp / FusedMLP against an fp64 CPU reference and torch at the same dtype."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fusedops
+from fusedops import FusedMLP
+
+CUDA = torch.cuda.is_available()
+_CUDA_MARKS = (pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA device"))
+DEVICES = ["cpu", pytest.param("cuda", marks=_CUDA_MARKS)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+APPROX = ["none", "tanh"]
+
+
+def needs_cuda(test):
+    for mark in _CUDA_MARKS:
+        test = mark(test)
+    return test
+
+
+# Until tests/reference.py lands on main: the tolerance rule of DESIGN.md section 6.
+ATOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def err(t, ref):
+    return (t.double().cpu() - ref).abs().max().item() if ref.numel() else 0.0
+
+
+def assert_rule(ours, theirs, ref, dtype, what=""):
+    """err(fusedops) <= 2 * err(torch, same dtype) + atol, both against the fp64 reference."""
+    scale = 1.0 + (ref.abs().max().item() if ref.numel() else 0.0)
+    e_ours, e_torch = err(ours, ref), err(theirs, ref)
+    assert e_ours <= 2 * e_torch + ATOL[dtype] * scale, (what, e_ours, e_torch)
+
+
+def eager_mlp(x, w1, b1, w2, b2, approximate="none"):
+    return F.linear(F.gelu(F.linear(x, w1, b1), approximate=approximate), w2, b2)
+
+
+def params(n_in, hidden, n_out, dtype, device, bias=(True, True)):
+    """nn.Linear-scaled weights, biases where asked, all requiring grad."""
+    w1 = torch.randn(hidden, n_in, dtype=dtype, device=device) / n_in**0.5
+    w2 = torch.randn(n_out, hidden, dtype=dtype, device=device) / hidden**0.5
+    b1 = torch.randn(hidden, dtype=dtype, device=device) if bias[0] else None
+    b2 = torch.randn(n_out, dtype=dtype, device=device) if bias[1] else None
+    return [t.requires_grad_() if t is not None else None for t in (w1, b1, w2, b2)]
+
+
+def check_block(x, w1, b1, w2, b2, approximate, recompute=False):
+    """Forward and every gradient against fp64 and torch at x's dtype, by the tolerance rule."""
+    dtype = x.dtype
+    args = [x, w1, b1, w2, b2]
+    y = fusedops.fused_mlp(x, w1, b1, w2, b2, approximate, recompute_activation=recompute)
+    y_torch = eager_mlp(x, w1, b1, w2, b2, approximate)
+    ref_args = [a.detach().double().cpu().requires_grad_() if a is not None else None for a in args]
+    y_ref = eager_mlp(*ref_args, approximate)
+    assert y.shape == y_torch.shape and y.dtype == dtype
+    assert_rule(y, y_torch, y_ref, dtype, "out")
+
+    dy = torch.randn_like(y)
+    live = [i for i, a in enumerate(args) if a is not None and a.requires_grad]
+    grads = torch.autograd.grad(y, [args[i] for i in live], dy)
+    grads_torch = torch.autograd.grad(y_torch, [args[i] for i in live], dy)
+    grads_ref = torch.autograd.grad(y_ref, [ref_args[i] for i in live], dy.double().cpu())
+    for i, g, gt, gr in zip(live, grads, grads_torch, grads_ref, strict=True):
+        assert g.shape == args[i].shape and g.dtype == dtype
+        assert_rule(g, gt, gr, dtype, ["dx", "dw1", "db1", "dw2", "db2"][i])
+    return y, grads
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize(
+    "x_shape, hidden, n_out",
+    [
+        ((16, 32), 128, 32),  # aligned: cuBLASLt epilogue paths on CUDA
+        ((2, 3, 64), 256, 48),  # leading batch dims, out != in
+        ((5, 7), 13, 5),  # odd feature sizes: fallback paths on CUDA
+        ((24,), 40, 24),  # 1-D x
+        ((3, 1, 9, 16), 24, 8),
+    ],
+)
+def test_forward_backward(x_shape, hidden, n_out, approximate, dtype, device):
+    x = torch.randn(x_shape, dtype=dtype, device=device, requires_grad=True)
+    w1, b1, w2, b2 = params(x_shape[-1], hidden, n_out, dtype, device)
+    check_block(x, w1, b1, w2, b2, approximate)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("bias", [(False, False), (True, False), (False, True)])
+def test_bias_none(bias, approximate, device):
+    x = torch.randn(6, 32, device=device, requires_grad=True)
+    w1, b1, w2, b2 = params(32, 64, 16, torch.float32, device, bias)
+    check_block(x, w1, b1, w2, b2, approximate)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_partial_requires_grad(device):
+    # Only some inputs need gradients: the backward computes just those.
+    x = torch.randn(8, 16, device=device)
+    w1, b1, w2, b2 = params(16, 32, 16, torch.float32, device)
+    w1.requires_grad_(False)
+    b2.requires_grad_(False)
+    check_block(x, w1, b1, w2, b2, "tanh")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", APPROX)
+def test_recompute_activation_same_grads(approximate, device):
+    x = torch.randn(4, 10, 64, device=device, requires_grad=True)
+    w1, b1, w2, b2 = params(64, 256, 64, torch.float32, device)
+    torch.manual_seed(2)  # the same dy for both
+    _, grads = check_block(x, w1, b1, w2, b2, approximate)
+    torch.manual_seed(2)
+    _, grads_rc = check_block(x, w1, b1, w2, b2, approximate, recompute=True)
+    for g, g_rc in zip(grads, grads_rc, strict=True):
+        torch.testing.assert_close(g_rc, g, atol=1e-6, rtol=1e-6)
+
+
+def saved_activation_bytes(module, x):
+    """Bytes of the tensors autograd saves for module(x).sum(), parameters not counted."""
+    param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    storages = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in param_storages:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x).sum().backward()
+    return sum(storages.values())
+
+
+class RefMLP(nn.Module):
+    """The eager block FusedMLP replaces, without nn.Sequential."""
+
+    def __init__(self, n_in, hidden, n_out, approximate="none", bias=True, dtype=None):
+        super().__init__()
+        self.fc1 = nn.Linear(n_in, hidden, bias=bias, dtype=dtype)
+        self.act = nn.GELU(approximate=approximate)
+        self.fc2 = nn.Linear(hidden, n_out, bias=bias, dtype=dtype)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+def test_recompute_activation_saves_memory(approximate):
+    # A 4x block: eager saves x, pre and act; recompute saves x and pre: (1 + 4) / (1 + 8).
+    torch.manual_seed(0)
+    ref = RefMLP(256, 1024, 256, approximate)
+    x = torch.randn(8, 32, 256, requires_grad=True)
+    eager = saved_activation_bytes(ref, x)
+    fused = saved_activation_bytes(FusedMLP.from_modules(ref.fc1, ref.act, ref.fc2), x)
+    lean = saved_activation_bytes(
+        FusedMLP.from_modules(ref.fc1, ref.act, ref.fc2, recompute_activation=True), x
+    )
+    assert fused <= eager
+    assert lean <= 0.6 * eager, (lean, eager)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_inference_no_grad(device):
+    x = torch.randn(4, 32, device=device)
+    w1, b1, w2, b2 = params(32, 64, 32, torch.float32, device)
+    y = fusedops.fused_mlp(x, w1, b1, w2, b2, "tanh")
+    with torch.no_grad():
+        y_ng = fusedops.fused_mlp(x, w1, b1, w2, b2, "tanh")
+    torch.testing.assert_close(y_ng, y.detach())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch(device):
+    x = torch.randn(0, 3, 16, device=device, requires_grad=True)
+    w1, b1, w2, b2 = params(16, 32, 8, torch.float32, device)
+    y = fusedops.fused_mlp(x, w1, b1, w2, b2)
+    assert y.shape == (0, 3, 8)
+    grads = torch.autograd.grad(y.sum(), (x, w1, b1, w2, b2))
+    for g, p in zip(grads, (x, w1, b1, w2, b2), strict=True):
+        assert g.shape == p.shape and not g.any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck(requires_grad, approximate, device):
+    x = torch.randn(2, 5, 16, device=device, requires_grad=requires_grad)
+    w1, b1, w2, b2 = (
+        t.detach().requires_grad_(requires_grad) for t in params(16, 24, 8, torch.float32, device)
+    )
+    fwd, bwd = torch.ops.fusedops.mlp_fwd.default, torch.ops.fusedops.mlp_bwd.default
+    # save_pre=False is for inference only: the backward needs the pre-activation.
+    saves = [(True, True), (True, False)] + ([] if requires_grad else [(False, False)])
+    for save in saves:
+        torch.library.opcheck(fwd, (x, w1, b1, w2, b2, approximate, *save))
+    torch.library.opcheck(fwd, (x, w1, None, w2, None, approximate, True, True))
+    _, pre, act = fwd(
+        x.detach(), w1.detach(), b1.detach(), w2.detach(), b2.detach(), approximate, True, True
+    )
+    dy = torch.randn(2, 5, 8, device=device)
+    detached = (x.detach(), w1.detach(), w2.detach(), pre)
+    for saved_act in (act, act.new_empty(0)):
+        for mask in (
+            [True] * 5,
+            [False, True, False, True, False],
+            [True, False, False, False, True],
+        ):
+            torch.library.opcheck(bwd, (dy, *detached, saved_act, approximate, mask))
+
+
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("recompute", [False, True])
+def test_gradcheck(recompute, approximate):
+    x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    w1, b1, w2, b2 = params(5, 7, 4, torch.float64, "cpu")
+
+    def f(*args):
+        return fusedops.fused_mlp(*args, approximate=approximate, recompute_activation=recompute)
+
+    assert torch.autograd.gradcheck(f, (x, w1, b1, w2, b2))
+    assert torch.autograd.gradcheck(lambda x, w1, w2: f(x, w1, None, w2, None), (x, w1, w2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    torch.manual_seed(0)
+    model = FusedMLP(32, 64, approximate="tanh", device=device)
+    compiled = torch.compile(model, fullgraph=True)
+    x = torch.randn(3, 7, 32, device=device, requires_grad=True)
+    y, y_eager = compiled(x), model(x)
+    torch.testing.assert_close(y, y_eager)
+    dy = torch.randn_like(y)
+    inputs = (x, *model.parameters())
+    for g, g_eager in zip(
+        torch.autograd.grad(y, inputs, dy), torch.autograd.grad(y_eager, inputs, dy), strict=True
+    ):
+        torch.testing.assert_close(g, g_eager)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("how", ["modules", "sequential"])
+def test_from_modules(how, approximate, device):
+    fc1, act, fc2 = nn.Linear(48, 96), nn.GELU(approximate=approximate), nn.Linear(96, 40)
+    block = nn.Sequential(fc1, act, fc2).to(device)
+    fused = FusedMLP.from_modules(block) if how == "sequential" else FusedMLP.from_modules(*block)
+    assert fused.fc1 is block[0] and fused.fc2 is block[2]
+    assert fused.approximate == approximate
+    x = torch.randn(5, 48, device=device, requires_grad=True)
+    ref = copy.deepcopy(block).double().cpu()(x.detach().double().cpu())
+    assert_rule(fused(x), block(x), ref, torch.float32)
+
+
+def test_from_modules_rejects():
+    fc1, fc2 = nn.Linear(8, 16), nn.Linear(16, 8)
+    with pytest.raises(TypeError, match="act must be a torch.nn.GELU, got ReLU"):
+        FusedMLP.from_modules(fc1, nn.ReLU(), fc2)
+    with pytest.raises(TypeError, match="exactly"):
+        FusedMLP.from_modules(nn.Sequential(fc1, nn.GELU()))
+    with pytest.raises(ValueError, match="fc1 has 16 output features but fc2 expects 12"):
+        FusedMLP.from_modules(fc1, nn.GELU(), nn.Linear(12, 8))
+    with pytest.raises(ValueError, match="fc1 is torch.float32 on cpu but fc2 is torch.float64"):
+        FusedMLP.from_modules(fc1, nn.GELU(), nn.Linear(16, 8, dtype=torch.float64))
+
+
+def test_init_and_state_dict_round_trip():
+    torch.manual_seed(1)
+    ref = RefMLP(20, 80, 12, approximate="tanh")
+    torch.manual_seed(1)
+    fused = FusedMLP(20, 80, 12, approximate="tanh")
+    assert list(fused.state_dict()) == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    # The same initialization as nn.Linear, parameter for parameter.
+    for (k, v), (k_ref, v_ref) in zip(
+        fused.state_dict().items(), ref.state_dict().items(), strict=True
+    ):
+        assert k == k_ref and torch.equal(v, v_ref)
+    other = RefMLP(20, 80, 12, approximate="tanh")
+    fused.load_state_dict(other.state_dict())
+    x = torch.randn(3, 20)
+    ref_out = copy.deepcopy(other).double()(x.double())
+    assert_rule(fused(x), other(x), ref_out, torch.float32)
+    back = RefMLP(20, 80, 12, approximate="tanh")
+    back.load_state_dict(fused.state_dict())
+    assert torch.equal(back(x), other(x))
+    assert FusedMLP(8, 16, bias=False).fc1.bias is None
+    assert FusedMLP(8, 16).fc2.out_features == 8
+
+
+def test_bad_inputs():
+    x = torch.randn(4, 16)
+    w1, b1, w2, b2 = (t.detach() for t in params(16, 32, 8, torch.float32, "cpu"))
+    mlp = fusedops.fused_mlp
+    with pytest.raises(ValueError, match=r"x has 15 features \(last dimension\) but w1 of shape"):
+        mlp(x[:, :15], w1, b1, w2, b2)
+    with pytest.raises(ValueError, match="w2 of shape .* expects 31 hidden features"):
+        mlp(x, w1, b1, w2[:, :31], b2)
+    with pytest.raises(ValueError, match=r"b1 must have shape \[32\]"):
+        mlp(x, w1, b1[:5], w2, b2)
+    with pytest.raises(ValueError, match=r"b2 must have shape \[8\]"):
+        mlp(x, w1, b1, w2, b1)
+    with pytest.raises(ValueError, match="w1 must be 2-D"):
+        mlp(x, w1[0], b1, w2, b2)
+    with pytest.raises(TypeError, match="w2 has dtype Half but x has dtype Float"):
+        mlp(x, w1, b1, w2.half(), b2)
+    with pytest.raises(TypeError, match="x must be float32, float16, bfloat16 or float64"):
+        mlp(x.long(), w1.long(), None, w2.long(), None)
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'quick'"):
+        mlp(x, w1, b1, w2, b2, "quick")
+    with pytest.raises(ValueError, match="at least one dimension"):
+        mlp(torch.tensor(1.0), w1, b1, w2, b2)
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
+        FusedMLP(4, 8, approximate="sigmoid")
+
+
+@needs_cuda
+def test_bad_device():
+    x = torch.randn(4, 16, device="cuda")
+    w1, b1, w2, b2 = (t.detach() for t in params(16, 32, 8, torch.float32, "cuda"))
+    with pytest.raises(RuntimeError, match="w2 is on cpu but x is on cuda"):
+        fusedops.fused_mlp(x, w1, b1, w2.cpu(), b2)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", APPROX)
+def test_cuda_epilogue_vs_fallback(approximate, dtype):
+    # The same block on 16-byte-aligned tensors (cuBLASLt epilogues) and on tensors shifted by
+    # one element (every GEMM that touches x falls back): both obey the tolerance rule.
+    x = torch.randn(64, 256, dtype=dtype, device="cuda")
+    shifted = torch.empty(x.numel() + 1, dtype=dtype, device="cuda")[1:].view_as(x).copy_(x)
+    w1, b1, w2, b2 = params(256, 1024, 256, dtype, "cuda")
+    y, grads = check_block(x.requires_grad_(), w1, b1, w2, b2, approximate)
+    y_s, grads_s = check_block(shifted.requires_grad_(), w1, b1, w2, b2, approximate)
+    tol = {"atol": 2 * ATOL[dtype], "rtol": 2 * ATOL[dtype]} if dtype != torch.float32 else {}
+    torch.testing.assert_close(y_s, y, **tol)
+
+
+@needs_cuda
+@pytest.mark.parametrize("approximate", APPROX)
+def test_cuda_epilogues_used(approximate):
+    # Aligned bf16 block: tanh runs no fusedops GELU kernel (the GEMM epilogues do it all);
+    # exact runs the erf GELU kernel once forward and once backward.
+    model = FusedMLP(256, 1024, approximate=approximate, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    model(x).sum().backward()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        model(x).sum().backward()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    fwd = sum("bias_gelu_fwd_kernel" in n for n in names)
+    bwd = sum("bias_gelu_bwd_kernel" in n for n in names)
+    assert (fwd, bwd) == ((0, 0) if approximate == "tanh" else (1, 1)), names
+
+
+@needs_cuda
+def test_cuda_tf32_respected():
+    x = torch.randn(256, 1024, device="cuda")
+    w1, b1, w2, b2 = (t.detach() for t in params(1024, 1024, 1024, torch.float32, "cuda"))
+    ref = eager_mlp(*(t.double().cpu() for t in (x, w1, b1, w2, b2)))
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for allow in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = allow
+            e_ours = err(fusedops.fused_mlp(x, w1, b1, w2, b2), ref)
+            e_torch = err(eager_mlp(x, w1, b1, w2, b2), ref)
+            assert e_ours <= 2 * e_torch + 1e-5, (allow, e_ours, e_torch)
+            if not allow:
+                assert e_ours < 1e-3  # TF32 (10-bit mantissa) would be far off at K=1024
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@needs_cuda
+@pytest.mark.parametrize("approximate", APPROX)
+def test_cuda_db1_deterministic(approximate):
+    model = FusedMLP(256, 1024, approximate=approximate, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4096, 256, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(4096, 256, device="cuda", dtype=torch.bfloat16)
+    runs = [torch.autograd.grad(model(x), list(model.parameters()), dy) for _ in range(3)]
+    for grads in runs[1:]:
+        assert all(torch.equal(g, g0) for g, g0 in zip(grads, runs[0], strict=True))
+
+
+@needs_cuda
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("recompute", [False, True])
+def test_cuda_graph(recompute, approximate):
+    model = FusedMLP(
+        256,
+        1024,
+        approximate=approximate,
+        device="cuda",
+        dtype=torch.bfloat16,
+        recompute_activation=recompute,
+    )
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    params_ = [x, *model.parameters()]
+
+    def step():
+        y = model(x)
+        return (y, *torch.autograd.grad(y, params_, dy))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    with torch.no_grad():
+        for t in (x, dy, *model.parameters()):
+            t.copy_(torch.randn_like(t) * 0.1)
+    graph.replay()
+    torch.cuda.synchronize()
+    for got, want in zip(static, step(), strict=True):
+        assert torch.equal(got, want)
