@@ -120,8 +120,11 @@ def test_recompute_activation_same_grads(approximate, device):
     _, grads = check_block(x, w1, b1, w2, b2, approximate)
     torch.manual_seed(2)
     _, grads_rc = check_block(x, w1, b1, w2, b2, approximate, recompute=True)
+    # On CUDA the tanh path saves cuBLASLt's epilogue GELU, whose tanh differs from ours (the
+    # recomputed one) in the last bits: same gradients up to fp32 rounding of that difference.
+    tol = 1e-6 if device == "cpu" else 1e-4
     for g, g_rc in zip(grads, grads_rc, strict=True):
-        torch.testing.assert_close(g_rc, g, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(g_rc, g, atol=tol, rtol=tol)
 
 
 def saved_activation_bytes(module, x):

@@ -2,8 +2,8 @@
 // Autograd (C++, as softmax): the forward redispatches below the Autograd key and saves input,
 // parameters and the fp32 statistics; the backward runs the *_bwd op for just the gradients
 // autograd needs. Double backward is not implemented and raises rather than return wrong values.
-// AutocastCUDA: torch runs layer_norm and rms_norm in fp32 under CUDA autocast, so do we (CPU
-// autocast leaves both alone, and so does the fallthrough).
+// AutocastCUDA: torch runs layer_norm in fp32 under CUDA autocast, so do we. rms_norm it leaves
+// alone (checked on torch 2.11), as it does both ops under CPU autocast: the fallthrough.
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -157,8 +157,8 @@ std::tuple<Tensor, Tensor> rms_norm_fwd_autograd(const Tensor& input, IntArrayRe
   return {r[0], r[1]};
 }
 
-// torch's CUDA autocast policy for layer_norm and rms_norm ("fp32"): every floating CUDA
-// argument but fp64 runs as fp32, so the output is fp32 too.
+// torch's CUDA autocast policy for layer_norm ("fp32"): every floating CUDA argument but fp64
+// runs as fp32, so the output is fp32 too.
 Tensor to_fp32(const Tensor& t) {
   return at::autocast::cached_cast(at::kFloat, t, c10::DeviceType::CUDA);
 }
@@ -174,13 +174,6 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_autocast(const Tensor& input,
   return layer_norm_fwd_op(to_fp32(input), normalized_shape, to_fp32(weight), to_fp32(bias), eps);
 }
 
-std::tuple<Tensor, Tensor> rms_norm_fwd_autocast(const Tensor& input, IntArrayRef normalized_shape,
-                                                 const OptTensor& weight,
-                                                 std::optional<double> eps) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  return rms_norm_fwd_op(to_fp32(input), normalized_shape, to_fp32(weight), eps);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
@@ -190,7 +183,6 @@ TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
 
 TORCH_LIBRARY_IMPL(fusedops, AutocastCUDA, m) {
   m.impl("layer_norm_fwd", &layer_norm_fwd_autocast);
-  m.impl("rms_norm_fwd", &rms_norm_fwd_autocast);
 }
 
 }  // namespace fusedops

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 namespace fusedops {
@@ -81,9 +82,39 @@ __device__ __forceinline__ Pack<T, VEC> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, VEC>*>(p);
 }
 
+// Through a plain word type: copying Pack<__nv_bfloat16/__half, 8> as a struct compiles to
+// scalar 2-byte stores (seen in PTX), which flood L2 with partial-sector writes.
+template <int BYTES>
+struct Word;
+template <>
+struct Word<16> {
+  using type = uint4;
+};
+template <>
+struct Word<8> {
+  using type = uint2;
+};
+template <>
+struct Word<4> {
+  using type = unsigned;
+};
+template <>
+struct Word<2> {
+  using type = unsigned short;
+};
+
 template <typename T, int VEC>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& v) {
-  *reinterpret_cast<Pack<T, VEC>*>(p) = v;
+  if constexpr (sizeof(Pack<T, VEC>) <= 16 &&
+                (sizeof(Pack<T, VEC>) & (sizeof(Pack<T, VEC>) - 1)) == 0 &&
+                sizeof(Pack<T, VEC>) >= 2) {
+    using W = typename Word<sizeof(Pack<T, VEC>)>::type;
+    W w;
+    memcpy(&w, &v, sizeof(W));
+    *reinterpret_cast<W*>(p) = w;
+  } else {
+    *reinterpret_cast<Pack<T, VEC>*>(p) = v;
+  }
 }
 
 inline bool is_aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }

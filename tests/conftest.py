@@ -1,0 +1,67 @@
+"""Device parametrization, per-test seeding and the `cuda` marker.
+
+- The `device` fixture runs a test on "cpu" always, on "cuda" when torch.cuda.is_available() and
+  on "mps" when torch.backends.mps.is_available(); absent devices are skipped, not failed.
+- A test marked `cuda` is skipped when there is no CUDA device.
+- A device that is present but has no fusedops kernels in this build fails loudly: that is a
+  build problem (e.g. built with FUSEDOPS_CUDA=0), not a reason to skip.
+- Every test starts from torch.manual_seed(<hash of its id>): reproducible, and different per test.
+"""
+
+import zlib
+
+import pytest
+import torch
+
+import fusedops
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_MPS = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+
+_BACKEND_OF = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
+
+DEVICES = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param(
+        "cuda",
+        id="cuda",
+        marks=[pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")],
+    ),
+    pytest.param("mps", id="mps", marks=pytest.mark.skipif(not HAS_MPS, reason="no MPS device")),
+]
+
+
+def require_backend(device: str) -> None:
+    """Fails the test when `device` exists but this build of fusedops has no kernels for it."""
+    backend = _BACKEND_OF[torch.device(device).type]
+    if backend not in fusedops.build_info()["backends"]:
+        pytest.fail(
+            f"a {backend} device is present but this fusedops build has no {backend} kernels "
+            f"(backends: {fusedops.build_info()['backends']}); rebuild fusedops for it"
+        )
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    require_backend(request.param)
+    return request.param
+
+
+@pytest.fixture
+def cuda_device() -> str:
+    """ "cuda" for tests that only make sense there (mark them `cuda` too)."""
+    if not HAS_CUDA:
+        pytest.skip("no CUDA device")
+    require_backend("cuda")
+    return "cuda"
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("cuda") is not None and not HAS_CUDA:
+        pytest.skip("no CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    yield
