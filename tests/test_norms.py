@@ -103,6 +103,7 @@ def _check(op, x, shape, w, b, eps, grad=True, unchecked=()):
     _poison(x.device.type)
     g = torch.autograd.grad(y, ours_leaves, dy.to(y.device))
     gt = torch.autograd.grad(yt, torch_leaves, dy.to(yt.device))
+    gt = [g.to(leaf.dtype) for g, leaf in zip(gt, leaves, strict=True)]  # as the params' dtype
     gr = torch.autograd.grad(yr, ref_leaves, dy.double())
     for name, a, t, r in zip(["dx", "dweight", "dbias"], g, gt, gr, strict=False):
         if name not in unchecked:
