@@ -19,12 +19,15 @@
 #include <vector>
 
 #include "common/norm_host.h"
+#include "cpu/rows.h"
 
 namespace fusedops {
 namespace {
 
-template <typename T>
-using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+using cpu::acc_t;
+using cpu::narrow;
+using cpu::out_row;
+using cpu::widen;
 
 template <typename A>
 using Vec = at::vec::Vectorized<A>;
@@ -79,34 +82,6 @@ struct Sum {
            s;
   }
 };
-
-// A row as acc_t: the tensor's own memory when T is acc_t, else a widened copy in `buf`.
-template <typename T>
-const acc_t<T>* widen(const T* row, int64_t cols, std::vector<acc_t<T>>& buf) {
-  if constexpr (std::is_same_v<T, acc_t<T>>) {
-    return row;
-  } else {
-    at::vec::convert(row, buf.data(), cols);
-    return buf.data();
-  }
-}
-
-// Where to write a row in acc_t; narrow() copies it out when that was a buffer.
-template <typename T>
-acc_t<T>* out_row(T* row, std::vector<acc_t<T>>& buf) {
-  if constexpr (std::is_same_v<T, acc_t<T>>) {
-    return row;
-  } else {
-    return buf.data();
-  }
-}
-
-template <typename T>
-void narrow(const acc_t<T>* src, T* row, int64_t cols) {
-  if constexpr (!std::is_same_v<T, acc_t<T>>) {
-    at::vec::convert(src, row, cols);  // round-to-nearest-even, SIMD where at::vec has it
-  }
-}
 
 template <typename T>
 size_t buf_size(int64_t cols) {
