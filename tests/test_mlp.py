@@ -5,37 +5,19 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import ATOL_GEMM, assert_close_to_reference
 from torch import nn
 
 import fusedops
 from fusedops import FusedMLP
 
-CUDA = torch.cuda.is_available()
-_CUDA_MARKS = (pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="needs a CUDA device"))
-DEVICES = ["cpu", pytest.param("cuda", marks=_CUDA_MARKS)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 APPROX = ["none", "tanh"]
 
 
-def needs_cuda(test):
-    for mark in _CUDA_MARKS:
-        test = mark(test)
-    return test
-
-
-# Until tests/reference.py lands on main: the tolerance rule of DESIGN.md section 6.
-ATOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-
-def err(t, ref):
-    return (t.double().cpu() - ref).abs().max().item() if ref.numel() else 0.0
-
-
-def assert_rule(ours, theirs, ref, dtype, what=""):
-    """err(fusedops) <= 2 * err(torch, same dtype) + atol, both against the fp64 reference."""
-    scale = 1.0 + (ref.abs().max().item() if ref.numel() else 0.0)
-    e_ours, e_torch = err(ours, ref), err(theirs, ref)
-    assert e_ours <= 2 * e_torch + ATOL[dtype] * scale, (what, e_ours, e_torch)
+def assert_rule(ours, theirs, ref, dtype, what="output"):
+    """The tolerance rule with the matrix-product ATOL (tests/reference.py)."""
+    assert_close_to_reference(ours, theirs, ref, dtype, what, atol=ATOL_GEMM)
 
 
 def eager_mlp(x, w1, b1, w2, b2, approximate="none"):
@@ -73,7 +55,6 @@ def check_block(x, w1, b1, w2, b2, approximate, recompute=False):
     return y, grads
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize(
@@ -92,7 +73,6 @@ def test_forward_backward(x_shape, hidden, n_out, approximate, dtype, device):
     check_block(x, w1, b1, w2, b2, approximate)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("bias", [(False, False), (True, False), (False, True)])
 def test_bias_none(bias, approximate, device):
@@ -101,7 +81,6 @@ def test_bias_none(bias, approximate, device):
     check_block(x, w1, b1, w2, b2, approximate)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_partial_requires_grad(device):
     # Only some inputs need gradients: the backward computes just those.
     x = torch.randn(8, 16, device=device)
@@ -111,7 +90,6 @@ def test_partial_requires_grad(device):
     check_block(x, w1, b1, w2, b2, "tanh")
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("approximate", APPROX)
 def test_recompute_activation_same_grads(approximate, device):
     x = torch.randn(4, 10, 64, device=device, requires_grad=True)
@@ -171,7 +149,6 @@ def test_recompute_activation_saves_memory(approximate):
     assert lean <= 0.6 * eager, (lean, eager)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_inference_no_grad(device):
     x = torch.randn(4, 32, device=device)
     w1, b1, w2, b2 = params(32, 64, 32, torch.float32, device)
@@ -181,7 +158,6 @@ def test_inference_no_grad(device):
     torch.testing.assert_close(y_ng, y.detach())
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_empty_batch(device):
     x = torch.randn(0, 3, 16, device=device, requires_grad=True)
     w1, b1, w2, b2 = params(16, 32, 8, torch.float32, device)
@@ -192,7 +168,6 @@ def test_empty_batch(device):
         assert g.shape == p.shape and not g.any()
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("requires_grad", [False, True])
 def test_opcheck(requires_grad, approximate, device):
@@ -233,7 +208,6 @@ def test_gradcheck(recompute, approximate):
     assert torch.autograd.gradcheck(lambda x, w1, w2: f(x, w1, None, w2, None), (x, w1, w2))
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_compile_fullgraph(device):
     torch.manual_seed(0)
     model = FusedMLP(32, 64, approximate="tanh", device=device)
@@ -249,7 +223,6 @@ def test_compile_fullgraph(device):
         torch.testing.assert_close(g, g_eager)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("how", ["modules", "sequential"])
 def test_from_modules(how, approximate, device):
@@ -324,7 +297,7 @@ def test_bad_inputs():
         FusedMLP(4, 8, approximate="sigmoid")
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_bad_device():
     x = torch.randn(4, 16, device="cuda")
     w1, b1, w2, b2 = (t.detach() for t in params(16, 32, 8, torch.float32, "cuda"))
@@ -332,7 +305,7 @@ def test_bad_device():
         fusedops.fused_mlp(x, w1, b1, w2.cpu(), b2)
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", APPROX)
 def test_cuda_epilogue_vs_fallback(approximate, dtype):
@@ -343,11 +316,15 @@ def test_cuda_epilogue_vs_fallback(approximate, dtype):
     w1, b1, w2, b2 = params(256, 1024, 256, dtype, "cuda")
     y, grads = check_block(x.requires_grad_(), w1, b1, w2, b2, approximate)
     y_s, grads_s = check_block(shifted.requires_grad_(), w1, b1, w2, b2, approximate)
-    tol = {"atol": 2 * ATOL[dtype], "rtol": 2 * ATOL[dtype]} if dtype != torch.float32 else {}
+    tol = (
+        {"atol": 2 * ATOL_GEMM[dtype], "rtol": 2 * ATOL_GEMM[dtype]}
+        if dtype != torch.float32
+        else {}
+    )
     torch.testing.assert_close(y_s, y, **tol)
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("approximate", APPROX)
 def test_cuda_epilogues_used(approximate):
     # Aligned bf16 block: tanh runs no fusedops GELU kernel (the GEMM epilogues do it all);
@@ -364,7 +341,7 @@ def test_cuda_epilogues_used(approximate):
     assert (fwd, bwd) == ((0, 0) if approximate == "tanh" else (1, 1)), names
 
 
-@needs_cuda
+@pytest.mark.cuda
 def test_cuda_tf32_respected():
     x = torch.randn(256, 1024, device="cuda")
     w1, b1, w2, b2 = (t.detach() for t in params(1024, 1024, 1024, torch.float32, "cuda"))
@@ -373,16 +350,15 @@ def test_cuda_tf32_respected():
     try:
         for allow in (False, True):
             torch.backends.cuda.matmul.allow_tf32 = allow
-            e_ours = err(fusedops.fused_mlp(x, w1, b1, w2, b2), ref)
-            e_torch = err(eager_mlp(x, w1, b1, w2, b2), ref)
-            assert e_ours <= 2 * e_torch + 1e-5, (allow, e_ours, e_torch)
-            if not allow:
-                assert e_ours < 1e-3  # TF32 (10-bit mantissa) would be far off at K=1024
+            out = fusedops.fused_mlp(x, w1, b1, w2, b2)
+            assert_rule(out, eager_mlp(x, w1, b1, w2, b2), ref, torch.float32, f"tf32={allow}")
+            if not allow:  # TF32 (10-bit mantissa) would be far off at K=1024
+                assert (out.double().cpu() - ref).abs().max() < 1e-3
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("approximate", APPROX)
 def test_cuda_db1_deterministic(approximate):
     model = FusedMLP(256, 1024, approximate=approximate, device="cuda", dtype=torch.bfloat16)
@@ -393,7 +369,7 @@ def test_cuda_db1_deterministic(approximate):
         assert all(torch.equal(g, g0) for g, g0 in zip(grads, runs[0], strict=True))
 
 
-@needs_cuda
+@pytest.mark.cuda
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("recompute", [False, True])
 def test_cuda_graph(recompute, approximate):
