@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/norm_host.h"
+#include "common/norm_ops.h"
 #include "cpu/rows.h"
 
 namespace fusedops {
@@ -286,47 +287,19 @@ norm_bwd_cpu(const char* op, const at::Tensor& grad_out, const at::Tensor& input
           reduce(db_part, bias)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cpu(
-    const at::Tensor& input, at::IntArrayRef normalized_shape,
-    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps) {
-  return norm_fwd_cpu<false>("layer_norm", input, normalized_shape, weight, bias, eps);
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cpu(const at::Tensor& input,
-                                                    at::IntArrayRef normalized_shape,
-                                                    const std::optional<at::Tensor>& weight,
-                                                    std::optional<double> eps) {
-  auto [out, mean, rstd] = norm_fwd_cpu<true>("rms_norm", input, normalized_shape, weight,
-                                              std::nullopt, rms_norm_eps(input, eps));
-  return {out, rstd};
-}
-
-std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>>
-layer_norm_bwd_cpu(const at::Tensor& grad_out, const at::Tensor& input,
-                   at::IntArrayRef normalized_shape, const at::Tensor& mean, const at::Tensor& rstd,
-                   const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-                   std::array<bool, 3> output_mask) {
-  return norm_bwd_cpu<false>("layer_norm_backward", grad_out, input, normalized_shape, &mean, rstd,
-                             weight, bias, output_mask);
-}
-
-std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>> rms_norm_bwd_cpu(
-    const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
-    const at::Tensor& rstd, const std::optional<at::Tensor>& weight,
-    std::array<bool, 2> output_mask) {
-  auto [dx, dw, db] =
-      norm_bwd_cpu<true>("rms_norm_backward", grad_out, input, normalized_shape, nullptr, rstd,
-                         weight, std::nullopt, {output_mask[0], output_mask[1], false});
-  return {dx, dw};
-}
+struct CpuNorms {
+  template <bool kRms, typename... Args>
+  static auto fwd(Args&&... args) {
+    return norm_fwd_cpu<kRms>(std::forward<Args>(args)...);
+  }
+  template <bool kRms, typename... Args>
+  static auto bwd(Args&&... args) {
+    return norm_bwd_cpu<kRms>(std::forward<Args>(args)...);
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fusedops, CPU, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd_cpu);
-  m.impl("layer_norm_bwd", &layer_norm_bwd_cpu);
-  m.impl("rms_norm_fwd", &rms_norm_fwd_cpu);
-  m.impl("rms_norm_bwd", &rms_norm_bwd_cpu);
-}
+TORCH_LIBRARY_IMPL(fusedops, CPU, m) { NormOps<CpuNorms>::register_into(m); }
 
 }  // namespace fusedops

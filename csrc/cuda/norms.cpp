@@ -14,6 +14,7 @@
 
 #include "common/cuda_host.h"
 #include "common/norm_host.h"
+#include "common/norm_ops.h"
 #include "cuda/norms_kernels.h"
 
 namespace fusedops {
@@ -157,49 +158,19 @@ std::tuple<OptTensor, OptTensor, OptTensor> norm_bwd_cuda_impl(
   return result();
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd_cuda(const at::Tensor& input,
-                                                                   at::IntArrayRef normalized_shape,
-                                                                   const OptTensor& weight,
-                                                                   const OptTensor& bias,
-                                                                   double eps) {
-  return norm_fwd_cuda_impl<false>("layer_norm", input, normalized_shape, weight, bias, eps);
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_cuda(const at::Tensor& input,
-                                                     at::IntArrayRef normalized_shape,
-                                                     const OptTensor& weight,
-                                                     std::optional<double> eps) {
-  auto [out, mean, rstd] = norm_fwd_cuda_impl<true>("rms_norm", input, normalized_shape, weight,
-                                                    std::nullopt, rms_norm_eps(input, eps));
-  return {out, rstd};
-}
-
-std::tuple<OptTensor, OptTensor, OptTensor> layer_norm_bwd_cuda(
-    const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
-    const at::Tensor& mean, const at::Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
-    std::array<bool, 3> output_mask) {
-  return norm_bwd_cuda_impl<false>("layer_norm_backward", grad_out, input, normalized_shape, &mean,
-                                   rstd, weight, bias, output_mask);
-}
-
-std::tuple<OptTensor, OptTensor> rms_norm_bwd_cuda(const at::Tensor& grad_out,
-                                                   const at::Tensor& input,
-                                                   at::IntArrayRef normalized_shape,
-                                                   const at::Tensor& rstd, const OptTensor& weight,
-                                                   std::array<bool, 2> output_mask) {
-  auto [dx, dw, db] =
-      norm_bwd_cuda_impl<true>("rms_norm_backward", grad_out, input, normalized_shape, nullptr,
-                               rstd, weight, std::nullopt, {output_mask[0], output_mask[1], false});
-  return {dx, dw};
-}
+struct CudaNorms {
+  template <bool kRms, typename... Args>
+  static auto fwd(Args&&... args) {
+    return norm_fwd_cuda_impl<kRms>(std::forward<Args>(args)...);
+  }
+  template <bool kRms, typename... Args>
+  static auto bwd(Args&&... args) {
+    return norm_bwd_cuda_impl<kRms>(std::forward<Args>(args)...);
+  }
+};
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd_cuda);
-  m.impl("layer_norm_bwd", &layer_norm_bwd_cuda);
-  m.impl("rms_norm_fwd", &rms_norm_fwd_cuda);
-  m.impl("rms_norm_bwd", &rms_norm_bwd_cuda);
-}
+TORCH_LIBRARY_IMPL(fusedops, CUDA, m) { NormOps<CudaNorms>::register_into(m); }
 
 }  // namespace fusedops

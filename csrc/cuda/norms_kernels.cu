@@ -269,16 +269,20 @@ __global__ void __launch_bounds__(kLoopThreads, 1) norm_fwd_loop_kernel(NormFwdA
   __shared__ float scratch[kWarp];
   __shared__ Welford wscratch[kWarp];
   const int64_t cols = a.cols, step = int64_t(blockDim.x) * VEC;
+  // kLoopUnroll packs at c0, c0 + step, ... of one row: their loads in flight together.
+  auto load_tile = [&](const T* xr, int64_t c0, float(&v)[kLoopUnroll][VEC]) {
+#pragma unroll
+    for (int u = 0; u < kLoopUnroll; ++u) {
+      if (c0 + u * step < cols) load_f32<VEC>(xr + c0 + u * step, v[u]);
+    }
+  };
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const T* xr = a.x + row * cols;
     float sq = 0.f;
     Welford acc{0.f, 0.f, 0.f};
     for (int64_t c0 = int64_t(threadIdx.x) * VEC; c0 < cols; c0 += step * kLoopUnroll) {
       float v[kLoopUnroll][VEC];
-#pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u) {
-        if (c0 + u * step < cols) load_f32<VEC>(xr + c0 + u * step, v[u]);
-      }
+      load_tile(xr, c0, v);
 #pragma unroll
       for (int u = 0; u < kLoopUnroll; ++u) {
         if (c0 + u * step >= cols) continue;
@@ -311,10 +315,7 @@ __global__ void __launch_bounds__(kLoopThreads, 1) norm_fwd_loop_kernel(NormFwdA
     }
     for (int64_t c0 = int64_t(threadIdx.x) * VEC; c0 < cols; c0 += step * kLoopUnroll) {
       float v[kLoopUnroll][VEC];
-#pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u) {
-        if (c0 + u * step < cols) load_f32<VEC>(xr + c0 + u * step, v[u]);
-      }
+      load_tile(xr, c0, v);
 #pragma unroll
       for (int u = 0; u < kLoopUnroll; ++u) {
         const int64_t col = c0 + u * step;
