@@ -34,8 +34,10 @@ constexpr int kMaxBwdClusterRanks = 16;  // backward, where the GPU allows this 
 constexpr int kFwdMaxThreads = 512;      // per block; forward teams hold 4 or 8 packs per thread,
 constexpr int kFwdScalars = 16;          // or 16 elements when rows aren't 16-byte aligned
 constexpr int kFwdWarpRowsPerBlock = 4;
-constexpr int kBwdMaxThreads = 512;  // per block; backward teams hold 16 elements per thread
-constexpr int kBwdScalars = 8;       // (x, dy and two accumulators), 8 when rows aren't aligned
+constexpr int kBwdMaxThreads = 512;        // per block; backward teams hold 16 elements per thread
+constexpr int kBwdScalars = 8;             // (x and dy), 8 when rows aren't aligned
+constexpr int kBwdMinBlocks = 2;           // per SM: <= 64 registers per thread
+constexpr size_t kDefaultSmem = 48 << 10;  // dynamic shared memory beyond this must be opted into
 constexpr int kLoopThreads = 512;
 constexpr int kLoopUnroll = 4;        // packs in flight per thread in the looping kernels
 constexpr int kPartSlices = 8;        // norm_partials_kernel: partial rows summed in 8 slices
@@ -194,10 +196,44 @@ __device__ __forceinline__ void normalize_pack(const float (&v)[VEC], float mu, 
   }
 }
 
+// A backward team's fp32 dweight (dbias) sums in shared memory: for each thread, kPacks x VEC
+// floats, stored [pack][group of 4 elements][thread] as float4 (scalars: [pack][thread]) so that
+// a warp's accesses are contiguous and conflict-free.
+template <int VEC, int kPacks>
+struct BwdAcc {
+  static constexpr int kChunk = VEC % 4 == 0 ? 4 : 1;
+  __host__ __device__ static constexpr int floats(int threads) { return threads * kPacks * VEC; }
+  __device__ static int index(int p, int j, int tid) {
+    return ((p * (VEC / kChunk) + j / kChunk) * int(blockDim.x) + tid) * kChunk + j % kChunk;
+  }
+  __device__ static void load(const float* acc, int p, float (&v)[VEC]) {
+#pragma unroll
+    for (int j = 0; j < VEC; j += kChunk) {
+      if constexpr (kChunk == 4) {
+        const float4 f = *reinterpret_cast<const float4*>(acc + index(p, j, threadIdx.x));
+        v[j] = f.x, v[j + 1] = f.y, v[j + 2] = f.z, v[j + 3] = f.w;
+      } else {
+        v[j] = acc[index(p, j, threadIdx.x)];
+      }
+    }
+  }
+  __device__ static void store(float* acc, int p, const float (&v)[VEC]) {
+#pragma unroll
+    for (int j = 0; j < VEC; j += kChunk) {
+      if constexpr (kChunk == 4) {
+        *reinterpret_cast<float4*>(acc + index(p, j, threadIdx.x)) =
+            make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+      } else {
+        acc[index(p, j, threadIdx.x)] = v[j];
+      }
+    }
+  }
+};
+
 // Forward, row in registers. Each pack index p is one coalesced sweep of the team over the row.
 // The packs stay in T (half the registers for fp16/bf16) and are widened at each use.
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
-__global__ void __launch_bounds__(kFwdMaxThreads, 1)
+__global__ void __launch_bounds__(kFwdMaxThreads, kPacks <= 4 ? 2 : 1)
     norm_fwd_kernel(NormFwdArgs<T, W> a, int group) {
   __shared__ float scratch[kWarp], exch[2];
   const Team team = make_team<kWarpRow>(group);
@@ -342,18 +378,27 @@ struct PartialRows {
 // Backward, row in registers (teams as in norm_fwd_kernel; x and dy kept in T). With
 // xh = (x - mean) * rstd and g = dy * w:
 //   dx = rstd * (g - mean(g) - xh * mean(g * xh))   (rms_norm: no mean(g) term)
-// dw += dy * xh and db += dy accumulate in fp32 registers over the team's rows; at the end the
-// teams of a block are summed in shared memory (fixed order) into the block's partial row, or
-// each block of a cluster team writes its columns of the cluster's partial row.
+// dw += dy * xh and db += dy accumulate in fp32 over the team's rows in shared memory (registers
+// would hold 2 * 16 more floats per thread and halve the blocks per SM); at the end the teams of
+// a block are summed in a fixed order into the block's partial row, or each block of a cluster
+// team writes its columns of the cluster's partial row.
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
-__global__ void __launch_bounds__(kBwdMaxThreads, 1)
+__global__ void __launch_bounds__(kBwdMaxThreads, kBwdMinBlocks)
     norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows part) {
-  extern __shared__ float red[];  // [per_block, g * kPacks * VEC] when per_block > 1
+  extern __shared__ float4 acc_smem[];  // BwdAcc<VEC, kPacks>::floats(blockDim.x) per sum
   __shared__ float2 scratch[kWarp], exch[2];
+  using Acc = BwdAcc<VEC, kPacks>;
   const Team team = make_team<kWarpRow>(part.group);
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
-  float dw_acc[kPacks][VEC] = {}, db_acc[kPacks][VEC] = {};
+  float* dw_acc = reinterpret_cast<float*>(acc_smem);
+  float* db_acc = dw_acc + Acc::floats(blockDim.x);
+  const float zero[VEC] = {};
+#pragma unroll
+  for (int p = 0; p < kPacks; ++p) {  // each thread reads back only its own slots until the flush
+    Acc::store(dw_acc, p, zero);
+    if constexpr (!kRms) Acc::store(db_acc, p, zero);
+  }
   int parity = 0;
   for (int64_t base = team_first_row(team); base < a.rows; base += team_row_step(team)) {
     const int64_t row = base + team.index;
@@ -372,31 +417,42 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     }
     const float mu = kRms || !valid ? 0.f : a.mean[row];
     const float rs = valid ? a.rstd[row] : 0.f;
-    // xh and g of pack p, recomputed for each of the two uses.
-    auto xh_g = [&](int p, float(&xh)[VEC], float(&gr)[VEC]) {
-      const int col = (p * g + t) * VEC;
+    // xh and dy of pack p, recomputed for each of the two uses (g = dy * w).
+    auto xh_dy = [&](int p, float(&xh)[VEC], float(&d)[VEC]) {
       widen(x[p], xh);
-      widen(dy[p], gr);
-      float wv[VEC];
-      if (a.w != nullptr && col < cols) load_f32<VEC>(a.w + col, wv);
+      widen(dy[p], d);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        xh[j] = (xh[j] - mu) * rs;
-        if (a.w != nullptr && col < cols) gr[j] *= wv[j];
+      for (int j = 0; j < VEC; ++j) xh[j] = (xh[j] - mu) * rs;
+    };
+    auto weight = [&](int p, float(&wv)[VEC]) {
+      const int col = (p * g + t) * VEC;
+      if (a.w != nullptr && col < cols) {
+        load_f32<VEC>(a.w + col, wv);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) wv[j] = 1.f;
       }
     };
     float2 s{0.f, 0.f};
 #pragma unroll
     for (int p = 0; p < kPacks; ++p) {
-      float xh[VEC], gr[VEC], d[VEC];
-      xh_g(p, xh, gr);
-      widen(dy[p], d);
+      float xh[VEC], d[VEC], wv[VEC], acc[VEC];
+      xh_dy(p, xh, d);
+      weight(p, wv);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        dw_acc[p][j] += d[j] * xh[j];
-        if constexpr (!kRms) db_acc[p][j] += d[j];
-        s.x += gr[j];
-        s.y += gr[j] * xh[j];
+        s.x += d[j] * wv[j];
+        s.y += d[j] * wv[j] * xh[j];
+      }
+      Acc::load(dw_acc, p, acc);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[j] += d[j] * xh[j];
+      Acc::store(dw_acc, p, acc);
+      if constexpr (!kRms) {
+        Acc::load(db_acc, p, acc);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] += d[j];
+        Acc::store(db_acc, p, acc);
       }
     }
     if (a.dx == nullptr) continue;  // uniform over the grid: no barrier is skipped unevenly
@@ -407,39 +463,32 @@ __global__ void __launch_bounds__(kBwdMaxThreads, 1)
     for (int p = 0; p < kPacks; ++p) {
       const int col = (p * g + t) * VEC;
       if (col < cols) {
-        float xh[VEC], gr[VEC], out[VEC];
-        xh_g(p, xh, gr);
+        float xh[VEC], d[VEC], wv[VEC], out[VEC];
+        xh_dy(p, xh, d);
+        weight(p, wv);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = rs * (gr[j] - c1 - xh[j] * c2);
+        for (int j = 0; j < VEC; ++j) out[j] = rs * (d[j] * wv[j] - c1 - xh[j] * c2);
         store_f32<VEC>(a.dx + row * a.cols + col, out);
       }
     }
   }
   team_exit(team);
   // Partial row blockIdx.x / ranks: one per block, or one per cluster (its blocks own disjoint
-  // columns).
-  auto flush = [&](const float(&acc)[kPacks][VEC], float* dst) {
+  // columns). Column c of the block's team r is pack c / (g * VEC), element c % VEC of thread
+  // r * g + (c / VEC) % g; the teams are added in order r = 0, 1, ...
+  __syncthreads();
+  auto flush = [&](const float* acc, float* dst) {
     dst += int64_t(blockIdx.x / team.ranks) * part.ld;
-    if (team.per_block == 1) {
-#pragma unroll
-      for (int p = 0; p < kPacks; ++p) {
-        const int col = (p * g + t) * VEC;
-        if (col < cols) store_f32<VEC>(dst + col, acc[p]);
-      }
-      return;
-    }
-    const int cap = g * kPacks * VEC;
-    __syncthreads();  // red is free (the previous flush has read it)
-#pragma unroll
+    const int first = team.ranks > 1 ? team.t - threadIdx.x : 0;  // the block's first column / VEC
+    const int span = team.ranks > 1 ? blockDim.x : g;
     for (int p = 0; p < kPacks; ++p) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) red[team.index * cap + (p * g + t) * VEC + j] = acc[p][j];
-    }
-    __syncthreads();
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-      float sum = red[c];
-      for (int r = 1; r < team.per_block; ++r) sum += red[r * cap + c];
-      dst[c] = sum;
+      for (int e = threadIdx.x; e < span * VEC; e += blockDim.x) {
+        const int lane = e / VEC, j = e % VEC, col = (p * g + first + lane) * VEC + j;
+        if (col >= cols) continue;
+        float sum = 0.f;
+        for (int r = 0; r < team.per_block; ++r) sum += acc[Acc::index(p, j, r * g + lane)];
+        dst[col] = sum;
+      }
     }
   };
   if (part.dw != nullptr) flush(dw_acc, part.dw);
@@ -701,6 +750,12 @@ struct BwdPlan {
 template <typename T, typename W>
 bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
   LaunchShape& l = p.shape;
+  if (l.smem > kDefaultSmem &&
+      cudaFuncSetAttribute(p.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(l.smem)) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
   int fit = 0;
   if (l.ranks == 1) {
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, p.kernel, l.threads, l.smem) ==
@@ -735,8 +790,9 @@ bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
 template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   constexpr int kPacks = VEC > 1 ? 16 / VEC : kBwdScalars;
-  // Teams sharing a block sum their partial rows in shared memory: [threads * kPacks * VEC].
-  auto smem = [](int threads) { return size_t(threads) * kPacks * VEC * sizeof(float); };
+  auto smem = [](int threads) {  // the dweight (and dbias) sums
+    return size_t(BwdAcc<VEC, kPacks>::floats(threads)) * (kRms ? 1 : 2) * sizeof(float);
+  };
   const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
   const TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdMaxThreads, max_ranks);
   BwdPlan<T, W> p{};
@@ -749,7 +805,7 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   } else if (s.ranks > 0) {
     const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
     p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, false>,
-         {0, threads, threads > s.threads ? smem(threads) : 0, s.ranks},
+         {0, threads, smem(threads), s.ranks},
          s.threads,
          false,
          0};
