@@ -1,4 +1,4 @@
-"""Benchmark harness: fusedops beside torch eager and torch.compile, timed in one process.
+"""Benchmark harness: fusedops beside torch eager, torch.compile and Liger-Kernel, in one process.
 
     python -m fusedops.bench [--ops softmax_fwd,softmax_bwd] [--dtypes bf16,fp32]
         [--shapes 4096x1024,...] [--quick] [--out bench/results] [--no-compile] [--no-plot]
@@ -8,6 +8,10 @@ cache, so every call reads DRAM; time per call = batch time / batch size, median
 That is throughput, and it shows host overhead where the host cannot keep the GPU fed. Each
 kernel is reported as GB/s of minimal unique bytes and as % of a 2 GiB device-to-device copy
 timed the same way. CPU: time.perf_counter, the same medians.
+
+Providers: fusedops, torch eager, torch.compile and, on CUDA where `liger_kernel` imports,
+Liger-Kernel's Triton kernels (layer_norm and rms_norm; ops it lacks get no liger entries).
+The fused MLP is GEMM-bound, so % of copy says nothing about it: python -m fusedops.bench_mlp.
 
 To add an op, register one Spec below. `run()` returns the results as data.
 """
@@ -33,12 +37,20 @@ import torch
 
 import fusedops
 
+try:  # Liger-Kernel (Triton): one more provider for the norms where it is installed
+    from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    LIGER_MISSING = None
+except Exception as e:  # not installed, or triton failing to load: simply no liger provider
+    LIGER_MISSING = f"{type(e).__name__}: {e}"
+
 # The one list of benchmark shapes (rows x N). N spans every kernel path: warp-per-row through
 # rows that do not fit on chip.
 SHAPES = ((4096, 1024), (16384, 4096), (8192, 8192), (4096, 32768), (1024, 131072), (512, 262144))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_DTYPES = ("bf16", "fp32")
-PROVIDERS = ("fusedops", "eager", "compile")
+PROVIDERS = ("fusedops", "eager", "compile", "liger")  # column order; see providers()
 COPY_BYTES = 2 << 30  # the roof: one 2 GiB device-to-device copy
 L2_ROTATE = 4  # rotated input sets span >= this many L2 caches, so each call reads DRAM
 
@@ -61,6 +73,7 @@ class Spec:
     shapes: tuple[tuple[int, int], ...] = SHAPES
     grad_args: tuple[int, ...] = (0,)
     family: str = ""  # results file name: <device>-<family>.json; defaults to name
+    liger: Callable[..., torch.Tensor] | None = None  # Liger-Kernel's version, where it has one
 
 
 SPECS: dict[str, Spec] = {}
@@ -131,11 +144,37 @@ def _rms_norm(f):
     return lambda x, w: f(x, x.shape[-1:], w)
 
 
+def _liger_layer_norm(x, w, b):
+    return LigerLayerNormFunction.apply(x, w, b, 1e-5)  # eps: F.layer_norm's default
+
+
+def _liger_rms_norm(x, w):
+    # eps: F.rms_norm's default for fp32/bf16/fp16 input; offset 0 and "llama" casting are
+    # torch's math. in_place=True, LigerRMSNorm's default: dx goes over dy (otherwise into a
+    # zero-filled new tensor, one more write). The harness reuses dy, so its values drift from
+    # call to call; a bandwidth-bound kernel's time does not depend on them.
+    return LigerRMSNormFunction.apply(x, w, torch.finfo(torch.float32).eps, 0.0, "llama", True)
+
+
 _F = torch.nn.functional
 register(
-    _norm_spec("layer_norm", _layer_norm(fusedops.layer_norm), _layer_norm(_F.layer_norm), True)
+    _norm_spec(
+        "layer_norm",
+        _layer_norm(fusedops.layer_norm),
+        _layer_norm(_F.layer_norm),
+        True,
+        liger=_liger_layer_norm,
+    )
 )
-register(_norm_spec("rms_norm", _rms_norm(fusedops.rms_norm), _rms_norm(_F.rms_norm), False))
+register(
+    _norm_spec(
+        "rms_norm",
+        _rms_norm(fusedops.rms_norm),
+        _rms_norm(_F.rms_norm),
+        False,
+        liger=_liger_rms_norm,
+    )
+)
 # bf16/fp16 activations with fp32 parameters (mixed-precision training's usual layout).
 register(
     _norm_spec(
@@ -146,6 +185,7 @@ register(
         param_dtype=torch.float32,
         shapes=((16384, 4096),),
         family="layer_norm",
+        liger=_liger_layer_norm,
     )
 )
 
@@ -169,45 +209,6 @@ for _approx in ("none", "tanh"):
             family="bias_gelu",
         )
     )
-
-# fused_mlp: rows x N with N = in = out features and hidden = 4N, as transformer MLPs. GEMM-bound:
-# compare times with eager, not % of copy (the bytes are only x and out, as a reference point).
-MLP_SHAPES = ((4096, 1024), (16384, 1024), (8192, 2048), (4096, 4096))
-
-
-def _mlp_inputs(rows: int, n: int, dtype: torch.dtype, device: torch.device):
-    def param(*shape, fan_in):
-        return torch.randn(*shape, dtype=dtype, device=device) / fan_in**0.5
-
-    return (
-        torch.randn(rows, n, dtype=dtype, device=device),
-        param(4 * n, n, fan_in=n),
-        param(4 * n, fan_in=n),
-        param(n, 4 * n, fan_in=4 * n),
-        param(n, fan_in=4 * n),
-    )
-
-
-def _eager_mlp(x, w1, b1, w2, b2, approximate):
-    F = torch.nn.functional
-    return F.linear(F.gelu(F.linear(x, w1, b1), approximate=approximate), w2, b2)
-
-
-for _approx in ("none", "tanh"):
-    register(
-        Spec(
-            "fused_mlp" if _approx == "none" else "fused_mlp_tanh",
-            _mlp_inputs,
-            fused=lambda *t, a=_approx: fusedops.fused_mlp(*t, approximate=a),
-            eager=lambda *t, a=_approx: _eager_mlp(*t, a),
-            fwd_bytes=lambda r, n, e: 2 * r * n * e,
-            bwd_bytes=lambda r, n, e: 3 * r * n * e,
-            shapes=MLP_SHAPES,
-            grad_args=(0, 1, 2, 3, 4),
-            family="fused_mlp",
-        )
-    )
-
 
 DEFAULT_OPS = (
     "softmax_fwd",
@@ -248,6 +249,18 @@ def cells(ops=DEFAULT_OPS, dtypes=DEFAULT_DTYPES, shapes=None):
     ]
 
 
+def providers(spec: Spec, device: torch.device, with_compile: bool = True) -> list[str]:
+    """The providers timed for spec on device, in PROVIDERS order: fusedops and eager always,
+    compile unless turned off, liger on CUDA where Liger-Kernel imports and has the op."""
+    offered = {
+        "fusedops": True,
+        "eager": True,
+        "compile": with_compile,
+        "liger": spec.liger is not None and device.type == "cuda" and LIGER_MISSING is None,
+    }
+    return [p for p in PROVIDERS if offered[p]]
+
+
 def op_names() -> list[str]:
     return [
         f"{s.name}_{p}" for s in SPECS.values() for p in ("fwd", "bwd") if p == "fwd" or s.bwd_bytes
@@ -286,15 +299,13 @@ def prepare(spec: Spec, pass_: str, provider: str, rows: int, n: int, dtype, dev
     """Build the timed call and its rotated inputs. torch.compile compiles on the first call."""
     nbytes = min_bytes(spec, pass_, rows, n, dtype)
     k = max(1, math.ceil(L2_ROTATE * _cache_bytes(device) / nbytes))
-    if provider == "fusedops":
-        fn = spec.fused
-    elif provider == "eager":
-        fn = spec.eager
-    else:
+    if provider == "compile":
         # A fresh compile per cell: every shape/dtype recompiles (dynamic=False), and dynamo's
         # recompile limit would otherwise fall back to eager after a few cells.
         torch._dynamo.reset()
         fn = torch.compile(spec.eager, dynamic=False, fullgraph=True)
+    else:
+        fn = {"fusedops": spec.fused, "eager": spec.eager, "liger": spec.liger}[provider]
     sets = [spec.inputs(rows, n, dtype, device) for _ in range(k)]
     if pass_ == "fwd":
         return Timed(fn, sets, grad=False, nbytes=nbytes)
@@ -437,15 +448,16 @@ def run(
     """Time every (op, dtype, shape) cell for each provider; return the results as a dict.
 
     ops: names as in select(); shapes: [(rows, N), ...], None for each op's own list. Each cell
-    holds median_us, gbps and pct_copy per provider (None where a provider failed, with the
-    reason under errors).
+    holds median_us, gbps and pct_copy for each of providers() of its op (None where a provider
+    failed, with the reason under errors).
     """
     log = log or (lambda s: None)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    providers = [p for p in PROVIDERS if with_compile or p != "compile"]
     name = _device_name(device)
     copy = copy_gbps(device, quick)
     log(f"{name}: 2 GiB copy {copy:.0f} GB/s (bytes read + written)")
+    if device.type == "cuda" and LIGER_MISSING and any(s.liger for s, _ in select(ops)):
+        log(f"note: no liger provider: {LIGER_MISSING}")
     todo = cells(ops, dtypes, shapes)
     done = []
     for i, (spec, pass_, dt, (rows, n)) in enumerate(todo, 1):
@@ -457,7 +469,7 @@ def run(
         graphed = device.type == "cuda" and pass_ == "fwd"
         if graphed:
             cell.update(device_us={}, device_pct_copy={})
-        for p in providers:
+        for p in providers(spec, device, with_compile):
             try:
                 timed = prepare(spec, pass_, p, rows, n, DTYPES[dt], device)
                 us = measure(timed, device, quick) * 1e6
@@ -475,7 +487,7 @@ def run(
             cell["median_us"][p], cell["gbps"][p] = us, gbps
             cell["pct_copy"][p] = 100 * gbps / copy if gbps else None
         done.append(cell)
-        log(f"[{i}/{len(todo)}] {_progress(cell, providers, device.type)}")
+        log(f"[{i}/{len(todo)}] {_progress(cell, device.type)}")
     return {
         "device": name,
         "device_type": device.type,
@@ -485,7 +497,7 @@ def run(
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "quick": quick,
         "copy_gbps": copy,
-        "providers": providers,
+        "providers": [p for p in PROVIDERS if any(p in c["median_us"] for c in done)],
         "families": list(dict.fromkeys((s.family or s.name) for s, _ in select(ops))),
         "cells": done,
     }
@@ -496,11 +508,10 @@ def _unit(device_type: str) -> tuple[str, float, int]:
     return ("µs", 1.0, 1) if device_type == "cuda" else ("ms", 1e-3, 2)
 
 
-def _progress(cell: dict, providers, device_type: str) -> str:
+def _progress(cell: dict, device_type: str) -> str:
     unit, scale, dec = _unit(device_type)
     parts = []
-    for p in providers:
-        us = cell["median_us"][p]
+    for p, us in cell["median_us"].items():
         if us is None:
             parts.append(f"{p} failed ({cell['errors'][p]})")
         else:
@@ -524,8 +535,8 @@ def table(result: dict) -> str:
     rows = []
     for c in result["cells"]:
         row = [c["op"], c["dtype"], f"{c['rows']}x{c['n']}"]
-        for p in providers:
-            us, gbps, pct = c["median_us"][p], c["gbps"][p], c["pct_copy"][p]
+        for p in providers:  # .get: a provider may lack an op (liger), "-" as for a failed one
+            us, gbps, pct = c["median_us"].get(p), c["gbps"].get(p), c["pct_copy"].get(p)
             row += (
                 ["-"] * 3 if us is None else [f"{us * scale:.{dec}f}", f"{gbps:.0f}", f"{pct:.0f}"]
             )
@@ -535,17 +546,22 @@ def table(result: dict) -> str:
         if "fusedops" in providers:
             mine = c["median_us"]["fusedops"]
             for p in others:
-                theirs = c["median_us"][p]
+                theirs = c["median_us"].get(p)
                 row.append(f"{theirs / mine:.2f}x" if mine and theirs else "-")
         rows.append(row)
+    title = f"{result['device']}, torch {result['torch']}, copy {result['copy_gbps']:.0f} GB/s"
+    return "\n".join([title, *columns(head, rows, text=3)])
+
+
+def columns(head: list[str], rows: list[list[str]], text: int) -> list[str]:
+    """Fixed-width lines: the first `text` columns left-aligned, the numbers right-aligned."""
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
 
-    def fmt(r):  # text columns left-aligned, numbers right-aligned
-        cols = zip(r, widths, strict=True)
-        return "  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(cols))
+    def fmt(r):
+        cols = enumerate(zip(r, widths, strict=True))
+        return "  ".join(v.ljust(w) if i < text else v.rjust(w) for i, (v, w) in cols)
 
-    title = f"{result['device']}, torch {result['torch']}, copy {result['copy_gbps']:.0f} GB/s"
-    return "\n".join([title, fmt(head), *map(fmt, rows)])
+    return [fmt(r) for r in [head, *rows]]
 
 
 def plot(result: dict, path: Path) -> bool:
@@ -569,7 +585,7 @@ def plot(result: dict, path: Path) -> bool:
             key=lambda c: (c["n"], c["rows"]),
         )
         for i, p in enumerate(result["providers"]):
-            pts = [(c["n"], c["pct_copy"][p]) for c in series if c["pct_copy"][p] is not None]
+            pts = [(c["n"], c["pct_copy"][p]) for c in series if c["pct_copy"].get(p) is not None]
             if pts:  # one color per provider in every panel, also where one is missing
                 ax.plot(*zip(*pts, strict=True), marker="o", label=p, color=f"C{i}")
         ax.set_xscale("log", base=2)
