@@ -295,8 +295,9 @@ def test_large_magnitude(request, device, log, dtype, n, scale, shift):
 # --------------------------------------------------------------------------------------------
 
 # Raises, in a child process, the errors whose messages format integers (dim, shapes, devices).
-# A toolchain whose extensions crash in c10::str on an integer would otherwise kill the whole
-# pytest run (seen with a torch 2.11 wheel and g++ 13.3): the error tests then fail, alone.
+# A toolchain whose extensions crash in std::ostream's integer formatting would otherwise kill the
+# whole pytest run (seen with a torch 2.11 wheel and g++ 13.3; fusedops now formats integers with
+# std::to_string, csrc/common/checks.h): if it ever crashes again, the error tests fail, alone.
 _ERROR_PROBE = """
 import torch, fusedops
 x = torch.randn(3, 4)

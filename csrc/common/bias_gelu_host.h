@@ -39,8 +39,8 @@ inline BiasGeluProblem check_bias_gelu(const char* op, const at::Tensor& input,
   TORCH_CHECK_TYPE(bias.scalar_type() == input.scalar_type(), "fusedops.", op, ": bias has dtype ",
                    bias.scalar_type(), " but input has dtype ", input.scalar_type());
   TORCH_CHECK_VALUE(bias.dim() == 1 && bias.size(0) == input.size(-1), "fusedops.", op,
-                    ": bias must have shape [", input.size(-1),
-                    "] (the size of input's last dimension), got ", bias.sizes());
+                    ": bias must have shape [", to_text(input.size(-1)),
+                    "] (the size of input's last dimension), got ", to_text(bias.sizes()));
   const int64_t cols = input.size(-1);
   return {cols == 0 ? 0 : input.numel() / cols, cols, approx};
 }

@@ -4,14 +4,26 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <string>
+
 namespace fusedops {
+
+// Integers and shapes for error messages, formatted by std::to_string rather than std::ostream's
+// number formatting, which crashes (SIGSEGV) inside extensions built by Ubuntu 24.04's g++ 13.3
+// against torch 2.11's wheel: there a bad argument would kill the process instead of raising.
+inline std::string to_text(int64_t v) { return std::to_string(v); }
+inline std::string to_text(at::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i > 0 ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
 
 // dim wrapped into [0, ndim); a 0-dim tensor counts as one dimension, as in torch.
 inline int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim) {
   const int64_t n = ndim > 0 ? ndim : 1;
-  TORCH_CHECK_INDEX(dim >= -n && dim < n, "fusedops.", op, ": dim=", dim,
-                    " is out of range for a tensor with ", ndim, " dimension(s) (expected [", -n,
-                    ", ", n - 1, "])");
+  TORCH_CHECK_INDEX(dim >= -n && dim < n, "fusedops.", op, ": dim=", to_text(dim),
+                    " is out of range for a tensor with ", to_text(ndim),
+                    " dimension(s) (expected [", to_text(-n), ", ", to_text(n - 1), "])");
   return dim < 0 ? dim + n : dim;
 }
 
@@ -29,8 +41,8 @@ inline void check_like(const char* op, const char* arg, const at::Tensor& t, con
               " but ", ref_arg, " is on ", ref.device());
   TORCH_CHECK_TYPE(t.scalar_type() == ref.scalar_type(), "fusedops.", op, ": ", arg, " has dtype ",
                    t.scalar_type(), " but ", ref_arg, " has dtype ", ref.scalar_type());
-  TORCH_CHECK_VALUE(t.sizes() == ref.sizes(), "fusedops.", op, ": ", arg, " has shape ", t.sizes(),
-                    " but ", ref_arg, " has shape ", ref.sizes());
+  TORCH_CHECK_VALUE(t.sizes() == ref.sizes(), "fusedops.", op, ": ", arg, " has shape ",
+                    to_text(t.sizes()), " but ", ref_arg, " has shape ", to_text(ref.sizes()));
 }
 
 // Contiguous rows with `dim` last: a copy only when `dim` isn't already the contiguous last dim.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/bias_gelu_host.h"
+#include "common/checks.h"
 
 namespace fusedops {
 
@@ -33,8 +34,8 @@ inline void check_param(const char* op, const char* arg, const at::Tensor& t, co
               " but x is on ", x.device());
   TORCH_CHECK_TYPE(t.scalar_type() == x.scalar_type(), "fusedops.", op, ": ", arg, " has dtype ",
                    t.scalar_type(), " but x has dtype ", x.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == dim, "fusedops.", op, ": ", arg, " must be ", dim, "-D, got shape ",
-                    t.sizes());
+  TORCH_CHECK_VALUE(t.dim() == dim, "fusedops.", op, ": ", arg, " must be ", to_text(dim),
+                    "-D, got shape ", to_text(t.sizes()));
 }
 
 inline MlpProblem check_mlp(const char* op, const at::Tensor& x, const at::Tensor& w1,
@@ -46,21 +47,22 @@ inline MlpProblem check_mlp(const char* op, const at::Tensor& x, const at::Tenso
                     ": x must have at least one dimension (features last), got a 0-dim tensor");
   check_param(op, "w1", w1, x, 2);
   check_param(op, "w2", w2, x, 2);
-  TORCH_CHECK_VALUE(x.size(-1) == w1.size(1), "fusedops.", op, ": x has ", x.size(-1),
-                    " features (last dimension) but w1 of shape ", w1.sizes(), " expects ",
-                    w1.size(1));
-  TORCH_CHECK_VALUE(w2.size(1) == w1.size(0), "fusedops.", op, ": w2 of shape ", w2.sizes(),
-                    " expects ", w2.size(1), " hidden features but w1 of shape ", w1.sizes(),
-                    " makes ", w1.size(0));
+  TORCH_CHECK_VALUE(x.size(-1) == w1.size(1), "fusedops.", op, ": x has ", to_text(x.size(-1)),
+                    " features (last dimension) but w1 of shape ", to_text(w1.sizes()), " expects ",
+                    to_text(w1.size(1)));
+  TORCH_CHECK_VALUE(w2.size(1) == w1.size(0), "fusedops.", op, ": w2 of shape ",
+                    to_text(w2.sizes()), " expects ", to_text(w2.size(1)),
+                    " hidden features but w1 of shape ", to_text(w1.sizes()), " makes ",
+                    to_text(w1.size(0)));
   if (b1.has_value()) {
     check_param(op, "b1", *b1, x, 1);
     TORCH_CHECK_VALUE(b1->size(0) == w1.size(0), "fusedops.", op, ": b1 must have shape [",
-                      w1.size(0), "] (w1.size(0)), got ", b1->sizes());
+                      to_text(w1.size(0)), "] (w1.size(0)), got ", to_text(b1->sizes()));
   }
   if (b2.has_value()) {
     check_param(op, "b2", *b2, x, 1);
     TORCH_CHECK_VALUE(b2->size(0) == w2.size(0), "fusedops.", op, ": b2 must have shape [",
-                      w2.size(0), "] (w2.size(0)), got ", b2->sizes());
+                      to_text(w2.size(0)), "] (w2.size(0)), got ", to_text(b2->sizes()));
   }
   int64_t rows = 1;
   for (int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
@@ -74,16 +76,16 @@ inline MlpProblem check_mlp_bwd(const char* op, const at::Tensor& grad_out, cons
   check_param(op, "grad_out", grad_out, x, x.dim());
   check_param(op, "pre", pre, x, x.dim());
   TORCH_CHECK_VALUE(grad_out.size(-1) == p.out && grad_out.numel() == p.rows * p.out, "fusedops.",
-                    op, ": grad_out has shape ", grad_out.sizes(), " but the output has ", p.rows,
-                    " rows of ", p.out, " features");
+                    op, ": grad_out has shape ", to_text(grad_out.sizes()), " but the output has ",
+                    to_text(p.rows), " rows of ", to_text(p.out), " features");
   TORCH_CHECK_VALUE(pre.size(-1) == p.hidden && pre.numel() == p.rows * p.hidden, "fusedops.", op,
-                    ": pre has shape ", pre.sizes(), " but the block has ", p.rows, " rows of ",
-                    p.hidden, " hidden features");
+                    ": pre has shape ", to_text(pre.sizes()), " but the block has ",
+                    to_text(p.rows), " rows of ", to_text(p.hidden), " hidden features");
   TORCH_CHECK(act.device() == x.device() && act.scalar_type() == x.scalar_type(), "fusedops.", op,
               ": act must be on x's device with x's dtype");
   TORCH_CHECK_VALUE(act.numel() == 0 || act.sizes() == pre.sizes(), "fusedops.", op,
-                    ": act must be empty (recompute it) or have pre's shape ", pre.sizes(),
-                    ", got ", act.sizes());
+                    ": act must be empty (recompute it) or have pre's shape ", to_text(pre.sizes()),
+                    ", got ", to_text(act.sizes()));
   return p;
 }
 

@@ -26,10 +26,12 @@ inline NormProblem norm_problem(const char* op, const at::Tensor& input,
   check_floating(op, "input", input);
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   TORCH_CHECK_VALUE(k >= 1, "fusedops.", op,
-                    ": normalized_shape must have at least one dimension, got ", normalized_shape);
+                    ": normalized_shape must have at least one dimension, got ",
+                    to_text(normalized_shape));
   TORCH_CHECK_VALUE(input.dim() >= k && input.sizes().slice(input.dim() - k) == normalized_shape,
-                    "fusedops.", op, ": normalized_shape=", normalized_shape,
-                    " does not match the trailing dimensions of input of shape ", input.sizes());
+                    "fusedops.", op, ": normalized_shape=", to_text(normalized_shape),
+                    " does not match the trailing dimensions of input of shape ",
+                    to_text(input.sizes()));
   const int64_t axis = input.dim() - k;
   int64_t rows = 1, cols = 1;
   for (const int64_t d : c10::irange(axis)) rows *= input.size(d);
@@ -45,7 +47,7 @@ inline void check_norm_param(const char* op, const char* arg, const std::optiona
   TORCH_CHECK(p->device() == input.device(), "fusedops.", op, ": ", arg, " is on ", p->device(),
               " but input is on ", input.device());
   TORCH_CHECK_VALUE(p->sizes() == normalized_shape, "fusedops.", op, ": ", arg, " has shape ",
-                    p->sizes(), " but normalized_shape is ", normalized_shape);
+                    to_text(p->sizes()), " but normalized_shape is ", to_text(normalized_shape));
   const auto s = p->scalar_type(), x = input.scalar_type();
   TORCH_CHECK_TYPE(s == x || (s == at::kFloat && (x == at::kHalf || x == at::kBFloat16)),
                    "fusedops.", op, ": ", arg, " has dtype ", s, " but input has dtype ", x,
@@ -87,8 +89,8 @@ inline void check_norm_stat(const char* op, const char* arg, const at::Tensor& s
               " but input is on ", input.device());
   TORCH_CHECK_TYPE(stat.scalar_type() == norm_stat_dtype(input), "fusedops.", op, ": ", arg,
                    " has dtype ", stat.scalar_type(), " (expected ", norm_stat_dtype(input), ")");
-  TORCH_CHECK_VALUE(stat.numel() == p.rows, "fusedops.", op, ": ", arg, " has ", stat.numel(),
-                    " elements but input has ", p.rows, " rows");
+  TORCH_CHECK_VALUE(stat.numel() == p.rows, "fusedops.", op, ": ", arg, " has ",
+                    to_text(stat.numel()), " elements but input has ", to_text(p.rows), " rows");
 }
 
 // torch.rms_norm's eps=None: the epsilon of the accumulation type (fp32 for fp16/bf16/fp32).
