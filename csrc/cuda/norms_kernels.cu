@@ -4,12 +4,12 @@
 // written once: a warp (short rows, several per block, shuffles only), a block or part of one,
 // or the blocks of a cluster (sm_90+, partial sums exchanged through distributed shared memory).
 // Rows too long even for a cluster take looping kernels that read them twice, the second time
-// mostly from L2. Numerics: fp32 throughout; each thread's mean and squared deviations in two
-// passes over its registers (per pack in the looping kernel), merged by Chan's formula in one
-// reduction per row. Backward: each team sums its rows' dweight/dbias in shared memory into one
-// fp32 partial row; norm_partials_kernel adds the partial rows in a fixed order: deterministic,
-// no float atomics. Preconditions (the launchers check them): rows, cols > 0; VEC > 1 only when
-// cols % VEC == 0 and every pointer is 16-byte aligned.
+// mostly from L2. Numerics: fp32 throughout; mean and variance in two passes over the registers
+// (Welford per pack in the looping kernel, merged by Chan's formula). Backward: each team sums its
+// rows' dweight/dbias in shared memory into one fp32 partial row; norm_partials_kernel adds the
+// partial rows in a fixed order: deterministic, no float atomics. Preconditions (the launchers
+// check them): rows, cols > 0; VEC > 1 only when cols % VEC == 0 and every pointer is 16-byte
+// aligned.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <type_traits>
 #include <utility>
 
 #include "common/reduce.cuh"
@@ -239,8 +238,7 @@ struct BwdAcc {
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
 __global__ void __launch_bounds__(kFwdMaxThreads, kPacks <= 4 ? 2 : 1)
     norm_fwd_kernel(NormFwdArgs<T, W> a, int group) {
-  using Stat = std::conditional_t<kRms, float, Welford>;  // what a row's reduction carries
-  __shared__ Stat scratch[kWarp], exch[2];
+  __shared__ float scratch[kWarp], exch[2];
   const Team team = make_team<kWarpRow>(group);
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
@@ -259,46 +257,30 @@ __global__ void __launch_bounds__(kFwdMaxThreads, kPacks <= 4 ? 2 : 1)
         for (int j = 0; j < VEC; ++j) x[p].v[j] = from_acc<T>(0.f);
       }
     }
-    // One team reduction per row: rms_norm's sum of squares, or layer_norm's count, mean and
-    // squared deviations of this thread's packs (two passes over its registers), merged by Chan.
-    float mu = 0.f, var;
-    if constexpr (kRms) {
-      float q = 0.f;
+    float mu = 0.f;
+    if constexpr (!kRms) {
+      float s = 0.f;
 #pragma unroll
       for (int p = 0; p < kPacks; ++p) {
         float v[VEC];
         widen(x[p], v);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) q += v[j] * v[j];  // padding lanes hold 0
+        for (int j = 0; j < VEC; ++j) s += v[j];
       }
-      var = team_allreduce<kWarpRow>(q, SumOp(), team, scratch, exch, parity) / cols;
-    } else {
-      float n = 0.f, sum = 0.f;
-#pragma unroll
-      for (int p = 0; p < kPacks; ++p) {
-        float v[VEC];
-        widen(x[p], v);
-        if ((p * g + t) * VEC < cols) n += VEC;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += v[j];  // padding lanes hold 0
-      }
-      const float m = n > 0.f ? sum / n : 0.f;
-      float m2 = 0.f;
-#pragma unroll
-      for (int p = 0; p < kPacks; ++p) {
-        if ((p * g + t) * VEC < cols) {
-          float v[VEC];
-          widen(x[p], v);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) m2 += (v[j] - m) * (v[j] - m);
-        }
-      }
-      const Welford w =
-          team_allreduce<kWarpRow>(Welford{n, m, m2}, WelfordOp(), team, scratch, exch, parity);
-      mu = w.mean;
-      var = w.m2 / cols;
+      mu = team_allreduce<kWarpRow>(s, SumOp(), team, scratch, exch, parity) / cols;
     }
-    const float rs = rsqrtf(var + a.eps);
+    float q = 0.f;
+#pragma unroll
+    for (int p = 0; p < kPacks; ++p) {
+      if ((p * g + t) * VEC < cols) {  // padding lanes hold 0, not mu
+        float v[VEC];
+        widen(x[p], v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) q += (v[j] - mu) * (v[j] - mu);
+      }
+    }
+    q = team_allreduce<kWarpRow>(q, SumOp(), team, scratch, exch, parity);
+    const float rs = rsqrtf(q / cols + a.eps);
     if (!valid) continue;  // after the last barrier of this iteration
     if (t == 0) {
       if constexpr (!kRms) a.mean[row] = mu;
