@@ -32,8 +32,8 @@ namespace cg = cooperative_groups;
 constexpr int kWarp = 32;
 constexpr int kMaxClusterRanks = 8;      // the portable cluster size (forward)
 constexpr int kMaxBwdClusterRanks = 16;  // backward, where the GPU allows this many (H100 does)
-constexpr int kFwdMaxThreads = 512;      // per block; forward teams hold 4 or 8 packs per thread,
-constexpr int kFwdScalars = 16;          // or 16 elements when rows aren't 16-byte aligned
+constexpr int kFwdPacks = 4;             // per thread in forward teams (16-byte packs of x),
+constexpr int kFwdScalars = 16;          // or elements when rows aren't 16-byte aligned
 constexpr int kFwdWarpRowsPerBlock = 4;
 constexpr int kBwdMaxThreads = 512;        // per block; backward teams hold 16 elements per thread
 constexpr int kBwdScalars = 8;             // (x and dy), 8 when rows aren't aligned
@@ -233,12 +233,15 @@ struct BwdAcc {
   }
 };
 
+// Threads per forward block: up to 4 packs, 1024 and so at most 64 registers per thread, which
+// keeps occupancy at 50% (left free, the compiler took 92: 31% occupancy, and 16384x4096 bf16
+// layer_norm ran at 60% of copy instead of 73%); 16 scalars need more registers.
+constexpr int fwd_max_threads(int packs) { return packs <= kFwdPacks ? 1024 : 512; }
+
 // Forward, row in registers. Each pack index p is one coalesced sweep of the team over the row.
-// The packs stay in T (half the registers for fp16/bf16) and are widened at each use. Up to 4
-// packs, at most 64 registers: 50% occupancy (left free, the compiler took 92: 31% occupancy,
-// and 16384x4096 bf16 layer_norm ran at 60% of copy instead of 73%).
+// The packs stay in T (half the registers for fp16/bf16) and are widened at each use.
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
-__global__ void __launch_bounds__(kFwdMaxThreads, kPacks <= 4 ? 2 : 1)
+__global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
     norm_fwd_kernel(NormFwdArgs<T, W> a, int group) {
   __shared__ float scratch[kWarp], exch[2];
   const Team team = make_team<kWarpRow>(group);
@@ -718,23 +721,11 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
     return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, true>, warp, stream, a, kWarp);
   }
   const int max_ranks = info.has_clusters() ? kMaxClusterRanks : 1;
-  // 8 packs of 16-bit x beside fp32 parameters would spill registers.
-  constexpr bool kEight = VEC > 1 && sizeof(W) == sizeof(T);
-  const TeamShape s = VEC == 1 ? team_shape(a.cols, VEC, {kFwdScalars}, kFwdMaxThreads, max_ranks)
-                      : kEight ? team_shape(a.cols, VEC, {4, 8}, kFwdMaxThreads, max_ranks)
-                               : team_shape(a.cols, VEC, {4}, kFwdMaxThreads, max_ranks);
-  const LaunchShape team{stride_blocks(a.rows, s.ranks, info), s.threads, 0, s.ranks};
-  if constexpr (VEC > 1) {
-    if (s.packs == 4) {
-      return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, false>, team, stream, a, s.threads);
-    }
-    if constexpr (kEight) {
-      if (s.packs == 8) {
-        return launch(norm_fwd_kernel<T, W, kRms, VEC, 8, false>, team, stream, a, s.threads);
-      }
-    }
-  } else if (s.packs == kFwdScalars) {
-    return launch(norm_fwd_kernel<T, W, kRms, VEC, kFwdScalars, false>, team, stream, a, s.threads);
+  constexpr int kPacks = VEC > 1 ? kFwdPacks : kFwdScalars;
+  const TeamShape s = team_shape(a.cols, VEC, {kPacks}, fwd_max_threads(kPacks), max_ranks);
+  if (s.ranks > 0) {
+    const LaunchShape team{stride_blocks(a.rows, s.ranks, info), s.threads, 0, s.ranks};
+    return launch(norm_fwd_kernel<T, W, kRms, VEC, kPacks, false>, team, stream, a, s.threads);
   }
   const LaunchShape loop{loop_blocks(a.rows, a.cols * int64_t(sizeof(T)), info), kLoopThreads, 0,
                          1};
