@@ -155,6 +155,15 @@ def cpu_simd_flags():
     return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
 
 
+def openmp_flags(torch):
+    """at::parallel_for is inline: compiled without OpenMP it runs every range on one thread. With
+    torch's OpenMP backend, compile with -fopenmp (GCC/clang on Linux; not Apple clang) and link
+    nothing more: the GOMP symbols resolve to the runtime libtorch_cpu already loads."""
+    if platform.system() != "Linux" or "OpenMP" not in torch.__config__.parallel_info():
+        return []
+    return ["-fopenmp"]
+
+
 def extensions():
     cuda_home = resolve_cuda_home()
     if cuda_home:
@@ -167,7 +176,7 @@ def extensions():
     # torch picks the C++ standard its headers need. No trapping math (clang's default, not
     # GCC's): GCC then if-converts float compares and vectorizes the CPU GELU lane loops; NaN and
     # inf semantics are unchanged.
-    cxx = ["-O3", "-fno-trapping-math", *cpu_simd_flags()]
+    cxx = ["-O3", "-fno-trapping-math", *cpu_simd_flags(), *openmp_flags(torch)]
     macros = []
     if not want_cuda(torch, cuda_home):
         return [
