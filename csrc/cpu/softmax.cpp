@@ -8,6 +8,7 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -40,17 +41,21 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
     for (int64_t r = begin; r < end; ++r) {
       const A* xr = widen(x + r * cols, cols, xbuf);
       A* yr = out_row(y + r * cols, ybuf);
-      // at::vec::maximum and exp() propagate NaN (exp_u20 does not), so NaN rows stay NaN.
+      // at::vec::maximum propagates NaN. With a finite max every x - max is in [-inf, 0], where
+      // the cheaper exp_u20 (within 2 ulp; results below FLT_MIN flush to 0) is exact enough;
+      // a row holding NaN or +inf takes exp(), which propagates NaN.
       const A max =
           at::vec::reduce_all<A>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, xr, cols);
       const Vec vmax(max);
+      const bool fast = std::isfinite(max);
+      auto exp_shifted = [&](Vec v) { return fast ? (v - vmax).exp_u20() : (v - vmax).exp(); };
       if (log) {
-        const A sum = at::vec::map_reduce_all<A>([&](Vec v) { return (v - vmax).exp(); },
-                                                 [](Vec a, Vec b) { return a + b; }, xr, cols);
+        const A sum =
+            at::vec::map_reduce_all<A>(exp_shifted, [](Vec a, Vec b) { return a + b; }, xr, cols);
         const Vec log_sum(std::log(sum));  // (x - max) - log(sum): max + log(sum) loses digits
         at::vec::map([&](Vec v) { return (v - vmax) - log_sum; }, yr, xr, cols);
       } else {
-        at::vec::map([&](Vec v) { return (v - vmax).exp(); }, yr, xr, cols);
+        at::vec::map(exp_shifted, yr, xr, cols);
         const A sum = at::vec::reduce_all<A>([](Vec& a, Vec& b) { return a + b; }, yr, cols);
         const Vec inv(A(1) / sum);
         at::vec::map([&](Vec v) { return v * inv; }, yr, yr, cols);
