@@ -142,17 +142,21 @@ def default_max_jobs():
 def cpu_simd_flags():
     """ATen's at::vec picks its SIMD code from CPU_CAPABILITY_* macros; without them an x86
     build gets the scalar fallback. The machine that builds fusedops runs it (an editable
-    install), so use AVX2 when it has AVX2. aarch64 builds get NEON from at::vec by default."""
+    install), so use the widest level torch itself dispatches to there: AVX512 (with torch's
+    subset: F, BW, VL, DQ), else AVX2. aarch64 builds get NEON from at::vec by default."""
     if platform.machine() not in ("x86_64", "AMD64"):
         return []
     try:
         with open("/proc/cpuinfo") as f:
-            has_avx2 = " avx2" in f.read()
-    except OSError:
+            flags = set(re.findall(r"^flags\s*:(.*)$", f.read(), re.M)[0].split())
+    except (OSError, IndexError):
         return []
-    if not has_avx2:
-        return []
-    return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags:
+        isa = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
+        return ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", *isa]
+    if {"avx2", "fma", "f16c"} <= flags:
+        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
+    return []
 
 
 def openmp_flags(torch):
