@@ -1,6 +1,7 @@
 // CPU softmax / log_softmax, forward and backward, over contiguous rows.
 // Rows are split across threads (at::parallel_for); within a row the math is at::vec SIMD in
-// fp32 (fp64 for double). fp16/bf16 rows are widened into a per-thread buffer first.
+// fp32 (fp64 for double). The forward widens fp16/bf16 rows into a per-thread buffer (so exp runs
+// once per element); the backward converts them on the fly.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -67,26 +68,24 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
 
 // softmax:     dx = y * (dy - sum(dy * y))
 // log_softmax: dx = dy - exp(y) * sum(dy)
+// Two passes over the rows, fp16/bf16 converted on the fly.
 template <typename T>
 void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log) {
   using A = acc_t<T>;
   using Vec = at::vec::Vectorized<A>;
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
-    const size_t n = std::is_same_v<T, A> ? 0 : cols;
-    std::vector<A> dybuf(n), ybuf(n), dxbuf(n);
     for (int64_t r = begin; r < end; ++r) {
-      const A* dyr = widen(dy + r * cols, cols, dybuf);
-      const A* yr = widen(y + r * cols, cols, ybuf);
-      A* dxr = out_row(dx + r * cols, dxbuf);
+      const T* dyr = dy + r * cols;
+      const T* yr = y + r * cols;
+      T* dxr = dx + r * cols;
       if (log) {
-        const Vec sum(at::vec::reduce_all<A>([](Vec& a, Vec& b) { return a + b; }, dyr, cols));
-        at::vec::map2([&](Vec g, Vec o) { return g - o.exp() * sum; }, dxr, dyr, yr, cols);
+        const Vec sum(at::vec::reduce_all<T>([](Vec& a, Vec& b) { return a + b; }, dyr, cols));
+        at::vec::map2<T>([&](Vec g, Vec o) { return g - o.exp() * sum; }, dxr, dyr, yr, cols);
       } else {
-        const Vec dot(at::vec::map2_reduce_all<A>(
+        const Vec dot(at::vec::map2_reduce_all<T>(
             [](Vec g, Vec o) { return g * o; }, [](Vec a, Vec b) { return a + b; }, dyr, yr, cols));
-        at::vec::map2([&](Vec g, Vec o) { return o * (g - dot); }, dxr, dyr, yr, cols);
+        at::vec::map2<T>([&](Vec g, Vec o) { return o * (g - dot); }, dxr, dyr, yr, cols);
       }
-      narrow<T>(dxr, dx + r * cols, cols);
     }
   });
 }
