@@ -1,7 +1,7 @@
 // CPU softmax / log_softmax, forward and backward, over contiguous rows.
 // Rows are split across threads (at::parallel_for); within a row the math is at::vec SIMD in
-// fp32 (fp64 for double). The forward widens fp16/bf16 rows into a per-thread buffer (so exp runs
-// once per element); the backward converts them on the fly.
+// fp32 (fp64 for double); fp16/bf16 rows are converted on the fly, or widened into per-thread
+// buffers where softmax's forward keeps exp(x - max) between passes (so exp runs once).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -37,31 +37,41 @@ template <typename T>
 void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
   using A = acc_t<T>;
   using Vec = at::vec::Vectorized<A>;
+  // at::vec::maximum propagates NaN. With a finite max every x - max is in [-inf, 0], where the
+  // cheaper exp_u20 (within 2 ulp; results below FLT_MIN flush to 0) is exact enough; a row
+  // holding NaN or +inf takes exp(), which propagates NaN.
+  auto row_max = [](const auto* row, int64_t n) {
+    using S = std::remove_const_t<std::remove_pointer_t<decltype(row)>>;
+    return at::vec::reduce_all<S>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, row, n);
+  };
+  auto exp_shifted = [](A max) {
+    return [vmax = Vec(max), fast = std::isfinite(max)](Vec v) {
+      return fast ? (v - vmax).exp_u20() : (v - vmax).exp();
+    };
+  };
+  auto add = [](Vec a, Vec b) { return a + b; };
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
-    std::vector<A> xbuf(std::is_same_v<T, A> ? 0 : cols), ybuf(xbuf.size());
+    // softmax keeps exp(x - max) in A between its sum and its scaling, so fp16/bf16 rows go
+    // through buffers; log_softmax only reads x (three times), converting it on the fly.
+    const bool buffered = !std::is_same_v<T, A> && !log;
+    std::vector<A> xbuf(buffered ? cols : 0), ybuf(xbuf.size());
     for (int64_t r = begin; r < end; ++r) {
-      const A* xr = widen(x + r * cols, cols, xbuf);
-      A* yr = out_row(y + r * cols, ybuf);
-      // at::vec::maximum propagates NaN. With a finite max every x - max is in [-inf, 0], where
-      // the cheaper exp_u20 (within 2 ulp; results below FLT_MIN flush to 0) is exact enough;
-      // a row holding NaN or +inf takes exp(), which propagates NaN.
-      const A max =
-          at::vec::reduce_all<A>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, xr, cols);
-      const Vec vmax(max);
-      const bool fast = std::isfinite(max);
-      auto exp_shifted = [&](Vec v) { return fast ? (v - vmax).exp_u20() : (v - vmax).exp(); };
       if (log) {
-        const A sum =
-            at::vec::map_reduce_all<A>(exp_shifted, [](Vec a, Vec b) { return a + b; }, xr, cols);
-        const Vec log_sum(std::log(sum));  // (x - max) - log(sum): max + log(sum) loses digits
-        at::vec::map([&](Vec v) { return (v - vmax) - log_sum; }, yr, xr, cols);
+        const T* xr = x + r * cols;
+        const A max = row_max(xr, cols);
+        const A sum = at::vec::map_reduce_all<T>(exp_shifted(max), add, xr, cols);
+        // (x - max) - log(sum): max + log(sum) loses digits.
+        const Vec vmax(max), log_sum(std::log(sum));
+        at::vec::map<T>([&](Vec v) { return (v - vmax) - log_sum; }, y + r * cols, xr, cols);
       } else {
-        at::vec::map(exp_shifted, yr, xr, cols);
-        const A sum = at::vec::reduce_all<A>([](Vec& a, Vec& b) { return a + b; }, yr, cols);
-        const Vec inv(A(1) / sum);
+        const A* xr = widen(x + r * cols, cols, xbuf);
+        A* yr = out_row(y + r * cols, ybuf);
+        at::vec::map(exp_shifted(row_max(xr, cols)), yr, xr, cols);
+        const Vec inv(A(1) /
+                      at::vec::reduce_all<A>([&](Vec& a, Vec& b) { return add(a, b); }, yr, cols));
         at::vec::map([&](Vec v) { return v * inv; }, yr, yr, cols);
+        narrow<T>(yr, y + r * cols, cols);
       }
-      narrow<T>(yr, y + r * cols, cols);
     }
   });
 }
