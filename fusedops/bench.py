@@ -88,27 +88,21 @@ def _matrix(rows: int, n: int, dtype: torch.dtype, device: torch.device):
     return (torch.randn(rows, n, dtype=dtype, device=device),)
 
 
-register(
-    Spec(
-        "softmax",
-        _matrix,
-        fused=lambda x: fusedops.softmax(x, -1),
-        eager=lambda x: torch.softmax(x, -1),
-        fwd_bytes=lambda r, n, e: 2 * r * n * e,  # read x, write y
-        bwd_bytes=lambda r, n, e: 3 * r * n * e,  # read y and dy, write dx
+for _name, _fused, _eager in (
+    ("softmax", fusedops.softmax, torch.softmax),
+    ("log_softmax", fusedops.log_softmax, torch.log_softmax),
+):
+    register(
+        Spec(
+            _name,
+            _matrix,
+            fused=lambda x, f=_fused: f(x, -1),
+            eager=lambda x, f=_eager: f(x, -1),
+            fwd_bytes=lambda r, n, e: 2 * r * n * e,  # read x, write y
+            bwd_bytes=lambda r, n, e: 3 * r * n * e,  # read y and dy, write dx
+            family="softmax",
+        )
     )
-)
-register(
-    Spec(
-        "log_softmax",
-        _matrix,
-        fused=lambda x: fusedops.log_softmax(x, -1),
-        eager=lambda x: torch.log_softmax(x, -1),
-        fwd_bytes=lambda r, n, e: 2 * r * n * e,
-        bwd_bytes=lambda r, n, e: 3 * r * n * e,
-        family="softmax",
-    )
-)
 
 
 def _norm_inputs(bias: bool, param_dtype: torch.dtype | None = None):

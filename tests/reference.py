@@ -1,4 +1,5 @@
-"""fp64 CPU references for the tests, input makers, and THE tolerance rule (the one place for it).
+"""fp64 CPU references for the tests, input makers, a CUDA graph capture, and THE tolerance rule
+(the one place for it).
 
 The rule (DESIGN.md, section 6)::
 
@@ -345,3 +346,17 @@ def assert_softmax_backward_close(
         torch_ref = softmax_backward_ref(grad_output, torch_output, dim, log)
     scale = softmax_backward_scale(grad_output, output, dim, log)
     assert_close_to_reference(dx, torch_dx, ref, output.dtype, what, scale, torch_ref)
+
+
+def capture_cuda_graph(step):
+    """Runs step() once on a side stream (warm-up, as torch.cuda.graphs asks), then captures it.
+    Returns the graph and what the captured call returned (its static outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    return graph, static

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import assert_close_to_reference
+from reference import assert_close_to_reference, capture_cuda_graph
 
 import fusedops
 
@@ -201,14 +201,7 @@ def test_cuda_graph():
         y = fusedops.bias_gelu(x, b, "tanh")
         return (y, *torch.autograd.grad(y, (x, b), dy))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture_cuda_graph(step)
     with torch.no_grad():
         x.copy_(torch.randn_like(x))
         b.copy_(torch.randn_like(b))

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import ATOL_GEMM, assert_close_to_reference
+from reference import ATOL_GEMM, assert_close_to_reference, capture_cuda_graph
 from torch import nn
 
 import fusedops
@@ -392,14 +392,7 @@ def test_cuda_graph(recompute, approximate):
         y = model(x)
         return (y, *torch.autograd.grad(y, params_, dy))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = step()
+    graph, static = capture_cuda_graph(step)
     with torch.no_grad():
         for t in (x, dy, *model.parameters()):
             t.copy_(torch.randn_like(t) * 0.1)

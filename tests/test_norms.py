@@ -9,6 +9,7 @@ import gc
 import pytest
 import torch
 import torch.nn.functional as F
+from reference import capture_cuda_graph
 
 import fusedops
 from fusedops._ops import ops
@@ -435,18 +436,15 @@ def test_cuda_graph_capture(op):
     mod = (fusedops.nn.LayerNorm if op == "layer_norm" else fusedops.nn.RMSNorm)(2048).cuda()
     static_x = torch.randn(256, 2048, device="cuda", requires_grad=True)
     static_dy = torch.randn(256, 2048, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm up on a side stream, as torch.cuda.graphs asks
-        for _ in range(2):
-            mod(static_x).backward(static_dy)
-    torch.cuda.current_stream().wait_stream(s)
-    mod.zero_grad(set_to_none=True)
-    static_x.grad = None
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_y = mod(static_x)
-        static_y.backward(static_dy)
+
+    def step():  # gradients into .grad, allocated afresh (from the graph's pool when captured)
+        mod.zero_grad(set_to_none=True)
+        static_x.grad = None
+        y = mod(static_x)
+        y.backward(static_dy)
+        return y
+
+    g, static_y = capture_cuda_graph(step)
     for _ in range(2):
         x, dy = torch.randn_like(static_x), torch.randn_like(static_dy)
         static_x.data.copy_(x)

@@ -14,6 +14,7 @@ from reference import (
     assert_close_to_reference,
     assert_softmax_backward_close,
     assert_softmax_close,
+    capture_cuda_graph,
     make_input,
     make_misaligned,
     poison_,
@@ -490,16 +491,12 @@ def log_softmax_ref_op(x, dim):
 def test_cuda_graph_capture_replay(cuda_device, log, dtype, shape):
     static_x = make_input(shape, dtype, cuda_device)
     static_g = make_input(shape, dtype, cuda_device, scale=1.0)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up outside the capture
-        ops.softmax_bwd(static_g, fused_fn(log)(static_x, -1), -1, log)
-    torch.cuda.current_stream().wait_stream(side)
 
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_y = fused_fn(log)(static_x, -1)
-        static_dx = ops.softmax_bwd(static_g, static_y, -1, log)
+    def step():
+        y = fused_fn(log)(static_x, -1)
+        return y, ops.softmax_bwd(static_g, y, -1, log)
+
+    graph, (static_y, static_dx) = capture_cuda_graph(step)
 
     for _ in range(3):
         x = make_input(shape, dtype, cuda_device)

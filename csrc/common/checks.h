@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <string>
 
 namespace fusedops {
@@ -43,6 +44,22 @@ inline void check_like(const char* op, const char* arg, const at::Tensor& t, con
                    t.scalar_type(), " but ", ref_arg, " has dtype ", ref.scalar_type());
   TORCH_CHECK_VALUE(t.sizes() == ref.sizes(), "fusedops.", op, ": ", arg, " has shape ",
                     to_text(t.sizes()), " but ", ref_arg, " has shape ", to_text(ref.sizes()));
+}
+
+// An optional tensor made contiguous, or an undefined tensor when absent.
+inline at::Tensor contiguous_or_undefined(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? t->contiguous() : at::Tensor();
+}
+
+// Data pointers for kernels, null for an undefined tensor. P may be a type torch doesn't know
+// (__half, __nv_bfloat16): the caller has matched it to the tensor's dtype.
+template <typename P>
+const P* ptr_or_null(const at::Tensor& t) {
+  return t.defined() ? static_cast<const P*>(t.const_data_ptr()) : nullptr;
+}
+template <typename P>
+P* mut_ptr_or_null(at::Tensor& t) {
+  return t.defined() ? static_cast<P*>(t.mutable_data_ptr()) : nullptr;
 }
 
 // Contiguous rows with `dim` last: a copy only when `dim` isn't already the contiguous last dim.

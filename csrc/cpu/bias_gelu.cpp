@@ -19,6 +19,7 @@
 
 #include "common/bias_gelu_host.h"
 #include "common/math.h"
+#include "cpu/rows.h"
 
 // Why not at::vec: an extension builds it without torch's per-ISA dispatch, so its erf/exp/tanh
 // are one libm call per lane here. Instead the lane loops below are cloned per ISA (GCC/Clang
@@ -146,27 +147,25 @@ void gelu_bwd_block(const double* z, double* g, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] *= gelu_grad<kApprox>(z[i]);
 }
 
-template <typename T>
-using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+using cpu::acc_t;
+using cpu::for_rows;
+using cpu::kGrainElems;
 
 constexpr int64_t kBlock = 512;  // columns per step: two fp32 buffers stay in L1
-// Rows per task: about 32K elements, so short rows don't drown in scheduling overhead.
-constexpr int64_t kGrainElems = 32768;
 // dbias partials: at most this many row blocks, and at most this many fp32 partial values.
 constexpr int64_t kMaxBlocks = 64;
 constexpr int64_t kMaxPartialElems = int64_t(1) << 22;
 
 template <typename T>
-std::vector<acc_t<T>> widen(const T* bias, int64_t cols) {
+std::vector<acc_t<T>> bias_as_acc(const T* bias, int64_t cols) {
   return std::vector<acc_t<T>>(bias, bias + cols);
 }
 
 template <GeluApprox kApprox, typename T>
 void bias_gelu_fwd_cpu(const T* x, const T* bias, T* y, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
-  const auto b = widen(bias, cols);
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / cols);
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  const auto b = bias_as_acc(bias, cols);
+  for_rows(rows, cols, [&](int64_t begin, int64_t end) {
     A z[kBlock];
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
@@ -186,7 +185,7 @@ template <GeluApprox kApprox, typename T>
 void bias_gelu_bwd_cpu(const T* dy, const T* x, const T* bias, T* dx, T* dbias, int64_t rows,
                        int64_t cols) {
   using A = acc_t<T>;
-  const auto b = widen(bias, cols);
+  const auto b = bias_as_acc(bias, cols);
   // The block count depends on the shape only, never on the thread count: same bits every run.
   const int64_t nblocks = std::max<int64_t>(
       1, std::min({rows, kMaxBlocks, rows * cols / kGrainElems, kMaxPartialElems / cols}));

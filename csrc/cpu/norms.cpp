@@ -26,6 +26,8 @@ namespace fusedops {
 namespace {
 
 using cpu::acc_t;
+using cpu::for_rows;
+using cpu::kGrainElems;
 using cpu::narrow;
 using cpu::out_row;
 using cpu::widen;
@@ -89,16 +91,12 @@ size_t buf_size(int64_t cols) {
   return std::is_same_v<T, acc_t<T>> ? 0 : static_cast<size_t>(cols);
 }
 
-// Rows per task: about 32K elements, so short rows don't drown in scheduling overhead.
-constexpr int64_t kGrainElems = 32768;
-
 // y = (x - mean) * rstd * w + b, with mean = 0 for rms_norm. w, b: acc_t [cols] or null.
 template <typename T, bool kRms>
 void norm_fwd_rows(const T* x, const acc_t<T>* w, const acc_t<T>* b, T* y, acc_t<T>* mean,
                    acc_t<T>* rstd, int64_t rows, int64_t cols, double eps) {
   using A = acc_t<T>;
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  for_rows(rows, cols, [&](int64_t begin, int64_t end) {
     std::vector<A> xbuf(buf_size<T>(cols)), ybuf(xbuf.size());
     for (int64_t r = begin; r < end; ++r) {
       const A* xr = widen(x + r * cols, cols, xbuf);
@@ -200,101 +198,86 @@ void sum_partials(const A* part, A* out, int64_t chunks, int64_t cols) {
   });
 }
 
-template <typename A>
-const A* ptr_or_null(const at::Tensor& t) {
-  return t.defined() ? t.const_data_ptr<A>() : nullptr;
-}
-
-template <typename A>
-A* mut_ptr_or_null(at::Tensor& t) {
-  return t.defined() ? t.mutable_data_ptr<A>() : nullptr;
-}
-
 // A parameter as a contiguous acc_t tensor (a no-op for fp32 parameters of fp32 input).
 at::Tensor param_acc(const std::optional<at::Tensor>& p, at::ScalarType acc) {
   return has_tensor(p) ? p->to(acc).contiguous() : at::Tensor();
 }
 
-template <bool kRms>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(const char* op, const at::Tensor& input,
+// The backend of NormOps (common/norm_ops.h).
+struct CpuNorms {
+  template <bool kRms>
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const char* op, const at::Tensor& input,
                                                             at::IntArrayRef normalized_shape,
                                                             const std::optional<at::Tensor>& weight,
                                                             const std::optional<at::Tensor>& bias,
                                                             double eps) {
-  const NormProblem p = norm_problem(op, input, normalized_shape);
-  check_norm_params(op, input, normalized_shape, weight, bias);
-  const at::Tensor x = input.contiguous();
-  at::Tensor out = at::empty_like(x);
-  at::Tensor mean = kRms ? at::Tensor() : norm_stat_empty(input, p);
-  at::Tensor rstd = norm_stat_empty(input, p);
-  if (p.rows == 0) return {out, mean, rstd};
-  if (p.cols == 0) {
-    fill_empty_row_stats(mean, rstd);
+    const NormProblem p = norm_problem(op, input, normalized_shape);
+    check_norm_params(op, input, normalized_shape, weight, bias);
+    const at::Tensor x = input.contiguous();
+    at::Tensor out = at::empty_like(x);
+    at::Tensor mean = kRms ? at::Tensor() : norm_stat_empty(input, p);
+    at::Tensor rstd = norm_stat_empty(input, p);
+    if (p.rows == 0) return {out, mean, rstd};
+    if (p.cols == 0) {
+      fill_empty_row_stats(mean, rstd);
+      return {out, mean, rstd};
+    }
+    const at::ScalarType acc = norm_stat_dtype(input);
+    const at::Tensor w = param_acc(weight, acc), b = param_acc(bias, acc);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "norm_fwd_cpu", [&] {
+      using A = acc_t<scalar_t>;
+      norm_fwd_rows<scalar_t, kRms>(x.const_data_ptr<scalar_t>(), ptr_or_null<A>(w),
+                                    ptr_or_null<A>(b), out.mutable_data_ptr<scalar_t>(),
+                                    mut_ptr_or_null<A>(mean), rstd.mutable_data_ptr<A>(), p.rows,
+                                    p.cols, eps);
+    });
     return {out, mean, rstd};
   }
-  const at::ScalarType acc = norm_stat_dtype(input);
-  const at::Tensor w = param_acc(weight, acc), b = param_acc(bias, acc);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "norm_fwd_cpu", [&] {
-    using A = acc_t<scalar_t>;
-    norm_fwd_rows<scalar_t, kRms>(x.const_data_ptr<scalar_t>(), ptr_or_null<A>(w),
-                                  ptr_or_null<A>(b), out.mutable_data_ptr<scalar_t>(),
-                                  mut_ptr_or_null<A>(mean), rstd.mutable_data_ptr<A>(), p.rows,
-                                  p.cols, eps);
-  });
-  return {out, mean, rstd};
-}
 
-template <bool kRms>
-std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>>
-norm_bwd_cpu(const char* op, const at::Tensor& grad_out, const at::Tensor& input,
-             at::IntArrayRef normalized_shape, const at::Tensor* mean, const at::Tensor& rstd,
-             const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
-             std::array<bool, 3> output_mask) {
-  const NormProblem p =
-      check_norm_bwd(op, grad_out, input, normalized_shape, mean, rstd, weight, bias);
-  const bool need_dw = output_mask[1] && has_tensor(weight);
-  const bool need_db = output_mask[2] && has_tensor(bias);
-  const at::Tensor x = input.contiguous(), dy = grad_out.contiguous();
-  at::Tensor dx = output_mask[0] ? at::empty_like(x) : at::Tensor();
-  const at::ScalarType acc = norm_stat_dtype(input);
-  const int64_t chunks =
-      std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(p.rows, 1));
-  at::Tensor dw_part = need_dw ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
-  at::Tensor db_part = need_db ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
-  if (x.numel() > 0) {
-    const at::Tensor w = param_acc(weight, acc);
-    const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
-    const at::Tensor rstd_c = rstd.contiguous();
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "norm_bwd_cpu", [&] {
-      using A = acc_t<scalar_t>;
-      norm_bwd_rows<scalar_t, kRms>(
-          dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), ptr_or_null<A>(mean_c),
-          rstd_c.const_data_ptr<A>(), ptr_or_null<A>(w), mut_ptr_or_null<scalar_t>(dx),
-          mut_ptr_or_null<A>(dw_part), mut_ptr_or_null<A>(db_part), p.rows, p.cols, chunks);
-    });
-  }
-  auto reduce = [&](const at::Tensor& part, const std::optional<at::Tensor>& param) {
-    std::optional<at::Tensor> none;
-    if (!part.defined()) return none;
-    at::Tensor sum = at::empty({p.cols}, part.options());
-    AT_DISPATCH_FLOATING_TYPES(acc, "norm_bwd_cpu_partials", [&] {
-      sum_partials(part.const_data_ptr<scalar_t>(), sum.mutable_data_ptr<scalar_t>(), chunks,
-                   p.cols);
-    });
-    return std::optional<at::Tensor>(sum.view(normalized_shape).to(param->scalar_type()));
-  };
-  return {output_mask[0] ? std::optional<at::Tensor>(dx) : std::nullopt, reduce(dw_part, weight),
-          reduce(db_part, bias)};
-}
-
-struct CpuNorms {
-  template <bool kRms, typename... Args>
-  static auto fwd(Args&&... args) {
-    return norm_fwd_cpu<kRms>(std::forward<Args>(args)...);
-  }
-  template <bool kRms, typename... Args>
-  static auto bwd(Args&&... args) {
-    return norm_bwd_cpu<kRms>(std::forward<Args>(args)...);
+  template <bool kRms>
+  static std::tuple<std::optional<at::Tensor>, std::optional<at::Tensor>, std::optional<at::Tensor>>
+  bwd(const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+      at::IntArrayRef normalized_shape, const at::Tensor* mean, const at::Tensor& rstd,
+      const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+      std::array<bool, 3> output_mask) {
+    const NormProblem p =
+        check_norm_bwd(op, grad_out, input, normalized_shape, mean, rstd, weight, bias);
+    const bool need_dw = output_mask[1] && has_tensor(weight);
+    const bool need_db = output_mask[2] && has_tensor(bias);
+    const at::Tensor x = input.contiguous(), dy = grad_out.contiguous();
+    at::Tensor dx = output_mask[0] ? at::empty_like(x) : at::Tensor();
+    const at::ScalarType acc = norm_stat_dtype(input);
+    const int64_t chunks =
+        std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(p.rows, 1));
+    at::Tensor dw_part =
+        need_dw ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
+    at::Tensor db_part =
+        need_db ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
+    if (x.numel() > 0) {
+      const at::Tensor w = param_acc(weight, acc);
+      const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
+      const at::Tensor rstd_c = rstd.contiguous();
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kHalf, at::kBFloat16, x.scalar_type(), "norm_bwd_cpu", [&] {
+            using A = acc_t<scalar_t>;
+            norm_bwd_rows<scalar_t, kRms>(
+                dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), ptr_or_null<A>(mean_c),
+                rstd_c.const_data_ptr<A>(), ptr_or_null<A>(w), mut_ptr_or_null<scalar_t>(dx),
+                mut_ptr_or_null<A>(dw_part), mut_ptr_or_null<A>(db_part), p.rows, p.cols, chunks);
+          });
+    }
+    auto reduce = [&](const at::Tensor& part, const std::optional<at::Tensor>& param) {
+      std::optional<at::Tensor> none;
+      if (!part.defined()) return none;
+      at::Tensor sum = at::empty({p.cols}, part.options());
+      AT_DISPATCH_FLOATING_TYPES(acc, "norm_bwd_cpu_partials", [&] {
+        sum_partials(part.const_data_ptr<scalar_t>(), sum.mutable_data_ptr<scalar_t>(), chunks,
+                     p.cols);
+      });
+      return std::optional<at::Tensor>(sum.view(normalized_shape).to(param->scalar_type()));
+    };
+    return {output_mask[0] ? std::optional<at::Tensor>(dx) : std::nullopt, reduce(dw_part, weight),
+            reduce(db_part, bias)};
   }
 };
 

@@ -1,10 +1,12 @@
-// Row helpers shared by the CPU kernels: fp16/bf16 rows are widened to fp32 (fp64 stays fp64)
-// in a per-thread buffer, computed on with at::vec, and narrowed back once.
+// Row helpers shared by the CPU kernels: rows split across threads, and fp16/bf16 rows widened to
+// fp32 (fp64 stays fp64) in a per-thread buffer, computed on with at::vec, and narrowed back once.
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -14,6 +16,15 @@ namespace cpu {
 
 template <typename T>
 using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// Elements per task: about 32K, so short rows don't drown in scheduling overhead.
+constexpr int64_t kGrainElems = 32768;
+
+// f(begin, end) over the rows [0, rows), split across threads in tasks of >= kGrainElems.
+template <typename F>
+void for_rows(int64_t rows, int64_t cols, const F& f) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElems / std::max<int64_t>(cols, 1)), f);
+}
 
 // A row as acc_t: the tensor's own memory when T is acc_t, else a widened copy in `buf`.
 template <typename T>

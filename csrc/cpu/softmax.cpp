@@ -20,18 +20,10 @@ namespace fusedops {
 namespace {
 
 using cpu::acc_t;
+using cpu::for_rows;
 using cpu::narrow;
 using cpu::out_row;
 using cpu::widen;
-
-// Rows per task: about 32K elements, so short rows don't drown in scheduling overhead.
-constexpr int64_t kGrainElems = 32768;
-
-template <typename F>
-void for_rows(int64_t rows, int64_t cols, const F& f) {
-  const int64_t grain = std::max<int64_t>(1, kGrainElems / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, rows, grain, f);
-}
 
 template <typename T>
 void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {

@@ -101,34 +101,23 @@ uint32_t reduction_scheme_mask(at::ScalarType dtype) {
 #define FUSEDOPS_LT_TRY(expr) \
   if ((expr) != CUBLAS_STATUS_SUCCESS) return false
 
-struct MatmulDesc {
-  cublasLtMatmulDesc_t h = nullptr;
-  ~MatmulDesc() {
-    if (h != nullptr) cublasLtMatmulDescDestroy(h);
+// A cuBLASLt object, destroyed with its owner; set() writes one of its attributes.
+template <typename H, auto kDestroy, auto kSetAttribute = nullptr>
+struct LtObject {
+  H h = nullptr;
+  ~LtObject() {
+    if (h != nullptr) kDestroy(h);
   }
-  template <typename V>
-  cublasStatus_t set(cublasLtMatmulDescAttributes_t attr, const V& value) {
-    return cublasLtMatmulDescSetAttribute(h, attr, &value, sizeof(value));
-  }
-};
-
-struct Layout {
-  cublasLtMatrixLayout_t h = nullptr;
-  ~Layout() {
-    if (h != nullptr) cublasLtMatrixLayoutDestroy(h);
+  template <typename Attribute, typename V>
+  cublasStatus_t set(Attribute attr, const V& value) {
+    return kSetAttribute(h, attr, &value, sizeof(value));
   }
 };
-
-struct Preference {
-  cublasLtMatmulPreference_t h = nullptr;
-  ~Preference() {
-    if (h != nullptr) cublasLtMatmulPreferenceDestroy(h);
-  }
-  template <typename V>
-  cublasStatus_t set(cublasLtMatmulPreferenceAttributes_t attr, const V& value) {
-    return cublasLtMatmulPreferenceSetAttribute(h, attr, &value, sizeof(value));
-  }
-};
+using MatmulDesc =
+    LtObject<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy, cublasLtMatmulDescSetAttribute>;
+using Layout = LtObject<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
+using Preference = LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy,
+                            cublasLtMatmulPreferenceSetAttribute>;
 
 // Runs g on the current stream; false (nothing enqueued) when cuBLASLt can't take it.
 bool lt_gemm(const LtGemm& g) {
@@ -236,10 +225,6 @@ void linear_into(at::Tensor& d, const at::Tensor& a, const at::Tensor& w, const 
     return;
   }
   at::addmm_out(d, bias, a, w.t());
-}
-
-at::Tensor contiguous_or_undefined(const c10::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() ? t->contiguous() : at::Tensor();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(const at::Tensor& x, const at::Tensor& w1,

@@ -58,114 +58,93 @@ std::optional<at::ScalarType> param_dtype(const at::Tensor& w, const at::Tensor&
   return std::nullopt;
 }
 
-at::Tensor contiguous_or_undefined(const OptTensor& t) {
-  return has_tensor(t) ? t->contiguous() : at::Tensor();
-}
-
-template <typename P>
-const P* ptr_or_null(const at::Tensor& t) {
-  return t.defined() ? static_cast<const P*>(t.const_data_ptr()) : nullptr;
-}
-
-template <typename P>
-P* mut_ptr_or_null(at::Tensor& t) {
-  return t.defined() ? static_cast<P*>(t.mutable_data_ptr()) : nullptr;
-}
-
-template <bool kRms>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda_impl(
-    const char* op, const at::Tensor& input, at::IntArrayRef normalized_shape,
-    const OptTensor& weight, const OptTensor& bias, double eps) {
-  const NormProblem p = norm_problem(op, input, normalized_shape);
-  check_norm_params(op, input, normalized_shape, weight, bias);
-  check_cuda_dtype(op, input);
-  const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = input.contiguous();
-  const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
-  at::Tensor out = at::empty_like(x);
-  at::Tensor mean = kRms ? at::Tensor() : norm_stat_empty(input, p);
-  at::Tensor rstd = norm_stat_empty(input, p);
-  if (p.rows == 0) return {out, mean, rstd};
-  if (p.cols == 0) {
-    fill_empty_row_stats(mean, rstd);
+// The backend of NormOps (common/norm_ops.h).
+struct CudaNorms {
+  template <bool kRms>
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const char* op, const at::Tensor& input,
+                                                            at::IntArrayRef normalized_shape,
+                                                            const OptTensor& weight,
+                                                            const OptTensor& bias, double eps) {
+    const NormProblem p = norm_problem(op, input, normalized_shape);
+    check_norm_params(op, input, normalized_shape, weight, bias);
+    check_cuda_dtype(op, input);
+    const c10::cuda::CUDAGuard guard(input.device());
+    const at::Tensor x = input.contiguous();
+    const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
+    at::Tensor out = at::empty_like(x);
+    at::Tensor mean = kRms ? at::Tensor() : norm_stat_empty(input, p);
+    at::Tensor rstd = norm_stat_empty(input, p);
+    if (p.rows == 0) return {out, mean, rstd};
+    if (p.cols == 0) {
+      fill_empty_row_stats(mean, rstd);
+      return {out, mean, rstd};
+    }
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const DeviceInfo info = current_device_info();
+    dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
+      using T = std::remove_pointer_t<decltype(t_tag)>;
+      using W = std::remove_pointer_t<decltype(w_tag)>;
+      const NormFwdArgs<T, W> args{ptr_or_null<T>(x),
+                                   ptr_or_null<W>(w),
+                                   ptr_or_null<W>(b),
+                                   mut_ptr_or_null<T>(out),
+                                   mut_ptr_or_null<float>(mean),
+                                   mut_ptr_or_null<float>(rstd),
+                                   p.rows,
+                                   p.cols,
+                                   static_cast<float>(eps)};
+      C10_CUDA_CHECK((norm_fwd_cuda<T, W, kRms>(args, info, stream)));
+    });
     return {out, mean, rstd};
   }
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const DeviceInfo info = current_device_info();
-  dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
-    using T = std::remove_pointer_t<decltype(t_tag)>;
-    using W = std::remove_pointer_t<decltype(w_tag)>;
-    const NormFwdArgs<T, W> args{ptr_or_null<T>(x),
-                                 ptr_or_null<W>(w),
-                                 ptr_or_null<W>(b),
-                                 mut_ptr_or_null<T>(out),
-                                 mut_ptr_or_null<float>(mean),
-                                 mut_ptr_or_null<float>(rstd),
-                                 p.rows,
-                                 p.cols,
-                                 static_cast<float>(eps)};
-    C10_CUDA_CHECK((norm_fwd_cuda<T, W, kRms>(args, info, stream)));
-  });
-  return {out, mean, rstd};
-}
 
-template <bool kRms>
-std::tuple<OptTensor, OptTensor, OptTensor> norm_bwd_cuda_impl(
-    const char* op, const at::Tensor& grad_out, const at::Tensor& input,
-    at::IntArrayRef normalized_shape, const at::Tensor* mean, const at::Tensor& rstd,
-    const OptTensor& weight, const OptTensor& bias, std::array<bool, 3> output_mask) {
-  const NormProblem p =
-      check_norm_bwd(op, grad_out, input, normalized_shape, mean, rstd, weight, bias);
-  check_cuda_dtype(op, input);
-  const c10::cuda::CUDAGuard guard(input.device());
-  const at::Tensor x = input.contiguous(), dy = grad_out.contiguous();
-  const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
-  const at::Tensor rstd_c = rstd.contiguous();
-  const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
-  at::Tensor dx = output_mask[0] ? at::empty_like(x) : at::Tensor();
-  at::Tensor dw = output_mask[1] && w.defined() ? at::empty_like(w) : at::Tensor();
-  at::Tensor db = output_mask[2] && b.defined() ? at::empty_like(b) : at::Tensor();
-  auto result = [&]() -> std::tuple<OptTensor, OptTensor, OptTensor> {
-    return {dx.defined() ? OptTensor(dx) : std::nullopt,
-            dw.defined() ? OptTensor(dw) : std::nullopt,
-            db.defined() ? OptTensor(db) : std::nullopt};
-  };
-  if (x.numel() == 0) {  // no rows: parameter gradients are sums of nothing
-    if (dw.defined()) dw.zero_();
-    if (db.defined()) db.zero_();
+  template <bool kRms>
+  static std::tuple<OptTensor, OptTensor, OptTensor> bwd(
+      const char* op, const at::Tensor& grad_out, const at::Tensor& input,
+      at::IntArrayRef normalized_shape, const at::Tensor* mean, const at::Tensor& rstd,
+      const OptTensor& weight, const OptTensor& bias, std::array<bool, 3> output_mask) {
+    const NormProblem p =
+        check_norm_bwd(op, grad_out, input, normalized_shape, mean, rstd, weight, bias);
+    check_cuda_dtype(op, input);
+    const c10::cuda::CUDAGuard guard(input.device());
+    const at::Tensor x = input.contiguous(), dy = grad_out.contiguous();
+    const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
+    const at::Tensor rstd_c = rstd.contiguous();
+    const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
+    at::Tensor dx = output_mask[0] ? at::empty_like(x) : at::Tensor();
+    at::Tensor dw = output_mask[1] && w.defined() ? at::empty_like(w) : at::Tensor();
+    at::Tensor db = output_mask[2] && b.defined() ? at::empty_like(b) : at::Tensor();
+    auto result = [&]() -> std::tuple<OptTensor, OptTensor, OptTensor> {
+      return {dx.defined() ? OptTensor(dx) : std::nullopt,
+              dw.defined() ? OptTensor(dw) : std::nullopt,
+              db.defined() ? OptTensor(db) : std::nullopt};
+    };
+    if (x.numel() == 0) {  // no rows: parameter gradients are sums of nothing
+      if (dw.defined()) dw.zero_();
+      if (db.defined()) db.zero_();
+      return result();
+    }
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    const DeviceInfo info = current_device_info();
+    dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
+      using T = std::remove_pointer_t<decltype(t_tag)>;
+      using W = std::remove_pointer_t<decltype(w_tag)>;
+      const NormBwdArgs<T, W> args{ptr_or_null<T>(dy),
+                                   ptr_or_null<T>(x),
+                                   ptr_or_null<float>(mean_c),
+                                   ptr_or_null<float>(rstd_c),
+                                   ptr_or_null<W>(w),
+                                   mut_ptr_or_null<T>(dx),
+                                   mut_ptr_or_null<W>(dw),
+                                   mut_ptr_or_null<W>(db),
+                                   p.rows,
+                                   p.cols};
+      at::Tensor workspace = at::empty({norm_bwd_workspace_size<T, W, kRms>(args, info)},
+                                       x.options().dtype(at::kFloat));
+      C10_CUDA_CHECK(
+          (norm_bwd_cuda<T, W, kRms>(args, mut_ptr_or_null<float>(workspace), info, stream)));
+    });
     return result();
-  }
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const DeviceInfo info = current_device_info();
-  dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
-    using T = std::remove_pointer_t<decltype(t_tag)>;
-    using W = std::remove_pointer_t<decltype(w_tag)>;
-    const NormBwdArgs<T, W> args{ptr_or_null<T>(dy),
-                                 ptr_or_null<T>(x),
-                                 ptr_or_null<float>(mean_c),
-                                 ptr_or_null<float>(rstd_c),
-                                 ptr_or_null<W>(w),
-                                 mut_ptr_or_null<T>(dx),
-                                 mut_ptr_or_null<W>(dw),
-                                 mut_ptr_or_null<W>(db),
-                                 p.rows,
-                                 p.cols};
-    at::Tensor workspace =
-        at::empty({norm_bwd_workspace_size<T, W, kRms>(args, info)}, x.options().dtype(at::kFloat));
-    C10_CUDA_CHECK(
-        (norm_bwd_cuda<T, W, kRms>(args, mut_ptr_or_null<float>(workspace), info, stream)));
-  });
-  return result();
-}
-
-struct CudaNorms {
-  template <bool kRms, typename... Args>
-  static auto fwd(Args&&... args) {
-    return norm_fwd_cuda_impl<kRms>(std::forward<Args>(args)...);
-  }
-  template <bool kRms, typename... Args>
-  static auto bwd(Args&&... args) {
-    return norm_bwd_cuda_impl<kRms>(std::forward<Args>(args)...);
   }
 };
 
