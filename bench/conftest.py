@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from fusedops import bench, bench_mlp
+from fusedops.tools import bench, bench_mlp
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")

@@ -11,7 +11,7 @@ max-autotune (minutes per cell: python -m fusedops.bench_mlp has it).
 import pytest
 import torch
 
-from fusedops import bench, bench_mlp
+from fusedops.tools import bench, bench_mlp
 
 pytest.importorskip("pytest_benchmark")
 
