@@ -377,12 +377,19 @@ def compare_table(results: list[dict]) -> str:
     return _table(head, lines)
 
 
-def _run(op: str, shape: str, dtype: str, variant: str) -> None:
-    rows, n = (int(s) for s in shape.lower().split("x"))
+def _shape(s: str) -> tuple[int, int]:
+    rows, x, n = s.lower().partition("x")
+    if not (x and rows.isdigit() and n.isdigit()):
+        raise argparse.ArgumentTypeError(f"bad shape {s!r}: expected ROWSxN, e.g. 16384x8192")
+    return int(rows), int(n)
+
+
+def _run(op: str, shape: tuple[int, int], dtype: str, variant: str) -> None:
+    rows, n = shape
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     if rows * n * DTYPES[dtype].itemsize < 4 * l2:
         print(
-            f"warning: {shape} {dtype} is < 4x the L2 cache: the model will not hold",
+            f"warning: {rows}x{n} {dtype} is < 4x the L2 cache: the model will not hold",
             file=sys.stderr,
         )
     call = calls(op, rows, n, DTYPES[dtype], torch.device("cuda"))[variant]
@@ -395,23 +402,29 @@ def _run(op: str, shape: str, dtype: str, variant: str) -> None:
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["run"]:
-        return _run(*argv[1:])
-    if argv[:1] == ["compare"]:
-        results = compare(argv[1])
-        print(compare_table(results))
-        return None
     ap = argparse.ArgumentParser(
         prog="python -m fusedops.tools.traffic", description=__doc__.splitlines()[0]
     )
     ap.add_argument("--ops", default=",".join(OPS), help=f"comma list of: {', '.join(OPS)}")
-    ap.add_argument("--shape", default="16384x8192", help="ROWSxN")
+    ap.add_argument("--shape", type=_shape, default=(16384, 8192), help="ROWSxN")
     ap.add_argument("--dtype", default="bf16", choices=list(DTYPES))
+    sub = ap.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="one call of OP between cudaProfilerStart/Stop (for ncu)")
+    run.add_argument("op", choices=OPS)
+    run.add_argument("shape", type=_shape, help="ROWSxN")
+    run.add_argument("dtype", choices=list(DTYPES))
+    run.add_argument("variant", choices=("fused", "unfused"))
+    cmp = sub.add_parser("compare", help="ncu CSVs in DIR beside the model")
+    cmp.add_argument("dir")
     args = ap.parse_args(argv)
-    rows, n = (int(s) for s in args.shape.lower().split("x"))
-    print(model_table(args.ops.split(","), rows, n, args.dtype))
-    return None
+    if args.command == "run":
+        _run(args.op, args.shape, args.dtype, args.variant)
+    elif args.command == "compare":
+        print(compare_table(compare(args.dir)))
+    else:
+        if bad := [op for op in args.ops.split(",") if op not in OPS]:
+            ap.error(f"unknown op(s) {bad}; known: {', '.join(OPS)}")
+        print(model_table(args.ops.split(","), *args.shape, args.dtype))
 
 
 if __name__ == "__main__":
