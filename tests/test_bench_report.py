@@ -130,3 +130,24 @@ def test_estimate_grows_with_the_work():
         for shape in ((64, 1024), (4096, 32768))
     )
     assert 0 < small < big
+
+
+def test_run_logs_an_estimate_and_progress(monkeypatch):
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 20)  # a small roof: this only checks the flow
+    lines = []
+    result = bench.run(
+        ["softmax_fwd"],
+        ["fp32"],
+        [(8, 64), (16, 64)],
+        quick=True,
+        with_compile=False,
+        log=lines.append,
+        device="cpu",
+        with_host=False,
+    )
+    assert lines[1].startswith("2 cells: about ")
+    assert lines[2].startswith("[1/2 ") and " left] softmax_fwd fp32 8x64: fusedops " in lines[2]
+    assert lines[3].startswith("[2/2 ")
+    assert [c["rows"] for c in result["cells"]] == [8, 16]
+    assert all(c["gbps"]["fusedops"] > 0 for c in result["cells"])
+    assert "host" not in result
