@@ -122,6 +122,9 @@ def test_parse_ncu_errors():
     )
     with pytest.raises(ValueError, match="unknown ncu unit 'furlong'"):
         traffic.parse_ncu_csv(bad)
+    na = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n"0","k","m","byte","N/A"\n'
+    with pytest.raises(ValueError, match="no value for m"):
+        traffic.parse_ncu_csv(na)
     other = (
         '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n"0","k","m","byte","1"\n'
     )

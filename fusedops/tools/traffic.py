@@ -263,7 +263,12 @@ _UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
 DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 
 
-def _number(value: str, unit: str) -> float:
+def _number(value: str, unit: str, metric: str) -> float:
+    if value.strip() in ("", "N/A"):
+        raise ValueError(
+            f"fusedops.tools.traffic: ncu gave no value for {metric} ({value!r}): is the metric "
+            "available on this GPU, and may this user read its counters?"
+        )
     if unit not in _UNITS:
         raise ValueError(
             f"fusedops.tools.traffic: unknown ncu unit {unit!r} (known: {', '.join(_UNITS)})"
@@ -287,12 +292,14 @@ def parse_ncu_csv(text: str) -> list[dict]:
     if rows and "Metric Name" in rows[0]:
         for r in rows:
             k = kernels.setdefault(r["ID"], {"kernel": r["Kernel Name"], "metrics": {}})
-            k["metrics"][r["Metric Name"]] = _number(r["Metric Value"], r["Metric Unit"])
+            k["metrics"][r["Metric Name"]] = _number(
+                r["Metric Value"], r["Metric Unit"], r["Metric Name"]
+            )
         return list(kernels.values())
     units, *rows = rows  # raw page: the first row holds each column's unit
     metrics = [c for c in units if units[c]]
     return [
-        {"kernel": r["Kernel Name"], "metrics": {m: _number(r[m], units[m]) for m in metrics}}
+        {"kernel": r["Kernel Name"], "metrics": {m: _number(r[m], units[m], m) for m in metrics}}
         for r in rows
     ]
 
