@@ -1,5 +1,5 @@
 """Parsing of `nsys stats` summaries (fusedops.tools.nsys) on recorded-format fixtures: the
-report names and columns of nsys 2023.1 on (cuda_gpu_kern_sum, nvtx_sum) and before it
+report names and columns of newer nsys (cuda_gpu_kern_sum, nvtx_sum) and of older releases
 (gpukernsum), and the fallback from one name to the other."""
 
 import stat

@@ -3,9 +3,9 @@
     python -m fusedops.tools.nsys REPORT.nsys-rep [--top 15]
     python -m fusedops.tools.nsys --csv KERNELS.csv [--nvtx-csv NVTX.csv]   (saved `nsys stats`)
 
-bench/nsys_profile.sh profiles the demo and calls the first form. The reports were renamed in
-nsys 2023.1 (gpukernsum -> cuda_gpu_kern_sum, nvtxsum -> nvtx_sum) and their columns with them
-("Time(%)"/"Average" -> "Time (%)"/"Avg (ns)"): both are read.
+bench/nsys_profile.sh profiles the demo and calls the first form. Newer nsys releases name the
+reports cuda_gpu_kern_sum and nvtx_sum, older ones gpukernsum and nvtxsum, with other column
+names ("Time (%)", "Avg (ns)" against "Time(%)", "Average"): both are read.
 """
 
 from __future__ import annotations
