@@ -12,9 +12,9 @@ import torch
 
 from fusedops.tools import bench, bench_mlp
 
-CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if CUDA else "cpu")
-ROUNDS = 30 if CUDA else 5  # CPU: a short run that only checks the suite works
+DEVICE = bench.pick_device()  # CUDA, else MPS, else the CPU
+CUDA = DEVICE.type == "cuda"
+ROUNDS = 30 if DEVICE.type != "cpu" else 5  # CPU: a short run that only checks the suite works
 COMPILED = ("compile", "max-autotune")  # the torch.compile providers of both harnesses
 # Providers whose failure is a missing cell (a skip), as in the harness: torch.compile, and
 # Liger-Kernel, whose kernels stop at rows of 64K elements.
@@ -23,8 +23,8 @@ MAY_FAIL = (*COMPILED, "liger")
 
 @pytest.fixture(scope="session")
 def copy_gbps():
-    """The roof: GB/s of a 2 GiB device copy (CUDA only; a CPU run reports no % of copy)."""
-    return bench.copy_gbps(DEVICE, quick=True) if CUDA else None
+    """The roof: GB/s of a 2 GiB device copy (GPUs only; a CPU run reports no % of copy)."""
+    return bench.copy_gbps(DEVICE, quick=True) if DEVICE.type != "cpu" else None
 
 
 def _measured(benchmark, provider: str, prepare) -> tuple[bench.Timed, float]:
@@ -43,8 +43,7 @@ def _measured(benchmark, provider: str, prepare) -> tuple[bench.Timed, float]:
 
     def call():
         t.call(*next(it))
-        if CUDA:
-            torch.cuda.synchronize()
+        bench.synchronize(DEVICE)
 
     with torch.set_grad_enabled(t.grad):  # forward under no_grad, as in the harness
         benchmark.pedantic(call, rounds=ROUNDS, iterations=1)

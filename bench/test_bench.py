@@ -9,14 +9,13 @@ max-autotune (minutes per cell: python -m fusedops.bench_mlp has it).
 """
 
 import pytest
-import torch
 
 from fusedops.tools import bench, bench_mlp
 
 pytest.importorskip("pytest_benchmark")
 
-CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if CUDA else "cpu")
+DEVICE = bench.pick_device()  # CUDA, else MPS, else the CPU
+CUDA = DEVICE.type == "cuda"
 CPU_ELEMENTS = 1 << 18
 
 

@@ -7,6 +7,8 @@
 
 #ifdef FUSEDOPS_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "common/kernel_registry.h"
 #endif
 
 #define FUSEDOPS_STR2(x) #x
@@ -56,6 +58,12 @@ TORCH_LIBRARY(fusedops, m) {
       "str approximate, bool[5] output_mask) -> (Tensor grad_x, Tensor grad_w1, Tensor grad_b1, "
       "Tensor grad_w2, Tensor grad_b2)");
   m.def("build_info() -> str", &build_info);
+#ifdef FUSEDOPS_WITH_CUDA
+  // The kernel resource report (fusedops.tools.kernels): record launch configurations while on,
+  // then one line per configuration with the runtime's attributes and occupancy on `device`.
+  m.def("cuda_kernel_recording(bool on) -> ()", &kernel_registry::set_recording);
+  m.def("cuda_kernel_report(int device) -> str", &kernel_registry::cuda_kernel_report);
+#endif
 }
 
 }  // namespace fusedops

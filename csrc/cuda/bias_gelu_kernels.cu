@@ -13,6 +13,7 @@
 #include <initializer_list>
 
 #include "common/device_info.h"
+#include "common/kernel_registry.h"
 #include "common/math.h"
 #include "common/vec.cuh"
 #include "cuda/bias_gelu_kernels.h"
@@ -192,6 +193,7 @@ template <typename T, int VEC, GeluApprox kApprox>
 void launch_fwd(const T* x, const T* bias, T* y, int64_t rows, int64_t cols, const DeviceInfo& dev,
                 cudaStream_t stream) {
   const Tiling t = make_tiling(rows, cols / VEC, kUnroll, dev);
+  record_launch(bias_gelu_fwd_kernel<T, VEC, kApprox>, int(t.block.x * t.block.y));
   bias_gelu_fwd_kernel<T, VEC, kApprox><<<t.grid, t.block, 0, stream>>>(x, bias, y, rows, cols);
 }
 
@@ -199,9 +201,11 @@ template <typename T, int VEC, GeluApprox kApprox>
 void launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, acc_t<T>* partial,
                 int64_t rows, int64_t cols, const DeviceInfo& dev, cudaStream_t stream) {
   const Tiling t = make_tiling(rows, cols / VEC, kBwdRowsPerThread, dev);
+  record_launch(bias_gelu_bwd_kernel<T, VEC, kApprox>, int(t.block.x * t.block.y));
   bias_gelu_bwd_kernel<T, VEC, kApprox><<<t.grid, t.block, 0, stream>>>(
       dy, x, bias, dx, dbias != nullptr ? partial : nullptr, rows, cols);
   if (dbias != nullptr) {
+    record_launch(bias_gelu_bwd_dbias_kernel<T>, kReduceCols * kReduceRows);
     bias_gelu_bwd_dbias_kernel<T>
         <<<static_cast<unsigned>(ceil_div(cols, kReduceCols)), dim3(kReduceCols, kReduceRows), 0,
            stream>>>(partial, dbias, t.grid.y, cols);

@@ -20,6 +20,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "common/kernel_registry.h"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "cuda/norms_kernels.h"
@@ -658,6 +659,7 @@ cudaLaunchConfig_t launch_config(const LaunchShape& l, cudaStream_t stream,
 template <typename... Params, typename... Args>
 cudaError_t launch(void (*kernel)(Params...), const LaunchShape& l, cudaStream_t stream,
                    Args&&... args) {
+  record_launch(kernel, l.threads, l.smem, l.ranks);
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t config = launch_config(l, stream, &attr);
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
@@ -859,6 +861,7 @@ cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, float* workspace, const De
   W* out0 = a.dw != nullptr ? a.dw : a.db;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(a.cols, kPartCols), 1 << 20)),
                   static_cast<unsigned>(n));
+  record_launch(norm_partials_kernel<W>, kWarp * kPartSlices);
   norm_partials_kernel<W><<<grid, dim3(kWarp, kPartSlices), 0, stream>>>(part0, out0, part.db, a.db,
                                                                          p.parts, ld, a.cols);
   return cudaGetLastError();

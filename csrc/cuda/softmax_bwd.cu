@@ -55,6 +55,7 @@ cudaError_t launch_bwd(const T* dy, const T* y, T* dx, int64_t rows, int64_t col
     }
   }
   const unsigned grid = unsigned(std::min<int64_t>(rows, int64_t(dev.sm_count) * 4));
+  record_launch(softmax_bwd_online_kernel<T, VEC>, kOnlineThreads);
   softmax_bwd_online_kernel<T, VEC>
       <<<grid, kOnlineThreads, 0, stream>>>(dy, y, dx, rows, cols / VEC, log);
   return cudaGetLastError();

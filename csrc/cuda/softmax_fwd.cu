@@ -60,6 +60,7 @@ cudaError_t launch_fwd(const T* x, T* y, int64_t rows, int64_t cols, bool log,
     }
   }
   const unsigned grid = unsigned(std::min<int64_t>(rows, int64_t(dev.sm_count) * 4));
+  record_launch(softmax_fwd_online_kernel<T, VEC>, kOnlineThreads);
   softmax_fwd_online_kernel<T, VEC>
       <<<grid, kOnlineThreads, 0, stream>>>(x, y, rows, cols / VEC, log);
   return cudaGetLastError();

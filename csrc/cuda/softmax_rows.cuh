@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "common/device_info.h"
+#include "common/kernel_registry.h"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 
@@ -349,6 +350,7 @@ unsigned grid_for(int threads, int ranks, int64_t groups, const DeviceInfo& dev)
 template <typename Kernel, typename Args>
 cudaError_t launch(Kernel kernel, unsigned grid, int threads, int ranks, cudaStream_t stream,
                    const Args& args, int64_t rows, int npacks) {
+  record_launch(kernel, threads, 0, ranks);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(grid);
   config.blockDim = dim3(threads);

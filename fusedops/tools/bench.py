@@ -1,13 +1,25 @@
 """Benchmark harness: fusedops beside torch eager, torch.compile and Liger-Kernel, in one process.
 
-    python -m fusedops.bench [--ops softmax_fwd,softmax_bwd] [--dtypes bf16,fp32]
-        [--shapes 4096x1024,...] [--quick] [--out bench/results] [--no-compile] [--no-plot]
+    python -m fusedops.bench [--device cuda|mps|cpu] [--ops softmax_fwd,softmax_bwd]
+        [--dtypes bf16,fp32] [--shapes 4096x1024,...] [--quick] [--out DIR] [--no-compile]
+        [--no-plot] [--no-host | --host-only]
+
+Results go to ./fusedops-bench/ (untracked) unless --out says otherwise; the project's committed
+results are written on purpose with --out bench/results. The device is CUDA, else MPS, else the
+CPU, unless --device picks one.
 
 CUDA: CUDA events around batches of back-to-back calls whose inputs rotate through >= 4x the L2
 cache, so every call reads DRAM; time per call = batch time / batch size, median over batches.
 That is throughput, and it shows host overhead where the host cannot keep the GPU fed. Each
 kernel is reported as GB/s of minimal unique bytes and as % of a 2 GiB device-to-device copy
-timed the same way. CPU: time.perf_counter, the same medians.
+timed the same way. MPS and CPU: time.perf_counter around each batch (synchronized on MPS), the
+same medians. On the CPU the 2 GiB copy streams through DRAM while the smaller shapes stay in
+cache, so those can exceed 100% of it: there % of copy compares with DRAM speed, not a roof.
+
+Host cost (on unless --no-host): microseconds per call on tiny tensors (HOST_SHAPE): each op
+forward and forward+backward and each module, fusedops beside torch's equivalent; back-to-back
+calls, one synchronize per batch, median over batches. That is what a model's many small calls
+pay; the GB/s tables are what large ones do.
 
 Providers: fusedops, torch eager, torch.compile and, on CUDA where `liger_kernel` imports,
 Liger-Kernel's Triton kernels (layer_norm and rms_norm; ops it lacks get no liger entries).
@@ -52,6 +64,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_DTYPES = ("bf16", "fp32")
 PROVIDERS = ("fusedops", "eager", "compile", "liger")  # column order; see providers()
 COPY_BYTES = 2 << 30  # the roof: one 2 GiB device-to-device copy
+DEFAULT_OUT = "fusedops-bench"  # untracked (.gitignore); committed results need --out
+HOST_SHAPE = (8, 256)  # tiny: the host decides the time
+HOST_DTYPE = "bf16"
+DEVICES = ("cuda", "mps", "cpu")
 L2_ROTATE = 4  # rotated input sets span >= this many L2 caches, so each call reads DRAM
 
 
@@ -275,10 +291,33 @@ class Timed:
     nbytes: int
 
 
+def _mps_available() -> bool:
+    return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+
+
+def pick_device(name: str | None = None) -> torch.device:
+    """The device named (it must be present), or CUDA, else MPS, else the CPU."""
+    present = {"cuda": torch.cuda.is_available(), "mps": _mps_available(), "cpu": True}
+    if name is None:
+        return torch.device(next(d for d in DEVICES if present[d]))
+    if name not in present:
+        raise ValueError(f"fusedops.bench: unknown device {name!r}; known: {', '.join(DEVICES)}")
+    if not present[name]:
+        raise ValueError(f"fusedops.bench: device {name!r} is not available here")
+    return torch.device(name)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
 def _cache_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).L2_cache_size
-    return 0  # CPU: no rotation; big shapes dwarf the caches anyway
+    return 0  # CPU, MPS: no rotation; big shapes dwarf the caches anyway
 
 
 def _grad(y, xs, dy):
@@ -316,15 +355,16 @@ def prepare(spec: Spec, pass_: str, provider: str, rows: int, n: int, dtype, dev
 
 def _plan(device: torch.device, quick: bool) -> tuple[int, int, float]:
     """(warm-up calls, batches timed, target seconds per batch; 0: one call per batch)."""
-    if device.type == "cuda":
+    if device.type != "cpu":
         return (2, 10, 1e-3) if quick else (2, 30, 2e-3)
     # CPU: the big shapes take a second per call here, so --quick times a handful of calls.
     return (1, 3, 0.0) if quick else (2, 7, 20e-3)
 
 
-def _per_call(step, batch: int, reps: int, cuda: bool) -> float:
-    """Median over `reps` batches of `batch` back-to-back step() calls, in seconds per call."""
-    if cuda:
+def _per_call(step, batch: int, reps: int, device: torch.device, host_clock: bool = False) -> float:
+    """Median over `reps` batches of `batch` back-to-back step() calls, in seconds per call.
+    CUDA: CUDA events unless host_clock; else time.perf_counter, synchronized per batch."""
+    if device.type == "cuda" and not host_clock:
         events = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(reps)]
         for start, end in events:
             start.record()
@@ -338,9 +378,11 @@ def _per_call(step, batch: int, reps: int, cuda: bool) -> float:
     else:
         times = []
         for _ in range(reps):
+            synchronize(device)
             t0 = time.perf_counter()
             for _ in range(batch):
                 step()
+            synchronize(device)
             times.append(time.perf_counter() - t0)
     return statistics.median(times) / batch
 
@@ -348,7 +390,6 @@ def _per_call(step, batch: int, reps: int, cuda: bool) -> float:
 def measure(t: Timed, device: torch.device, quick: bool = False) -> float:
     """Median seconds per call of t, after a warm-up that compiles and touches every set."""
     warmup, reps, target = _plan(device, quick)
-    cuda = device.type == "cuda"
     it = itertools.cycle(t.sets)  # one cycle throughout: no set is used twice in a row
     # Outputs stay alive for a whole rotation, so the allocator hands each call a different
     # output buffer: writes rotate through memory like the reads do.
@@ -363,15 +404,16 @@ def measure(t: Timed, device: torch.device, quick: bool = False) -> float:
             step()
         batch = 1
         if target:  # enough calls per batch to fill `target`, from one timed call
-            batch = min(1000, max(1, math.ceil(target / _per_call(step, 1, 1, cuda))))
-        return _per_call(step, batch, reps, cuda)
+            batch = min(1000, max(1, math.ceil(target / _per_call(step, 1, 1, device))))
+        return _per_call(step, batch, reps, device)
 
 
 def measure_device(t: Timed, quick: bool = False) -> float:
     """Median GPU seconds per forward call with the host out of the way: one CUDA graph holds a
     call per rotated input set and is replayed. This is what the kernel alone achieves; measure()
     is what a Python caller gets."""
-    _, reps, _ = _plan(torch.device("cuda"), quick)
+    cuda = torch.device("cuda")
+    _, reps, _ = _plan(cuda, quick)
     with torch.no_grad():
         side = torch.cuda.Stream()  # warm up off the capture stream, as torch.cuda.graph asks
         side.wait_stream(torch.cuda.current_stream())
@@ -384,7 +426,7 @@ def measure_device(t: Timed, quick: bool = False) -> float:
             outputs = [t.call(*args) for args in t.sets]  # noqa: F841  (kept alive: distinct)
     graph.replay()
     replays = max(1, math.ceil(200 / len(t.sets)))
-    return _per_call(graph.replay, replays, reps, cuda=True) / len(t.sets)
+    return _per_call(graph.replay, replays, reps, cuda) / len(t.sets)
 
 
 def _spin_up(device: torch.device, seconds: float = 0.5) -> None:
@@ -408,19 +450,118 @@ def copy_gbps(device: torch.device, quick: bool = False) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# Host cost
+
+
+def host_cases(
+    device: torch.device, dtype: torch.dtype
+) -> list[tuple[str, Callable, Callable, tuple]]:
+    """(name, fusedops' call, torch's equivalent, inputs) for each op and module, at HOST_SHAPE."""
+    rows, n = HOST_SHAPE
+    hidden = 4 * n
+    nn, F = torch.nn, torch.nn.functional
+
+    def rand(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype)
+
+    x, w, b = rand(rows, n), rand(n), rand(n)
+    mlp = (rand(hidden, n), rand(hidden), rand(n, hidden), rand(n))
+    cases = [
+        ("softmax", lambda x: fusedops.softmax(x, -1), lambda x: torch.softmax(x, -1), (x,)),
+        (
+            "log_softmax",
+            lambda x: fusedops.log_softmax(x, -1),
+            lambda x: torch.log_softmax(x, -1),
+            (x,),
+        ),
+        ("layer_norm", _layer_norm(fusedops.layer_norm), _layer_norm(F.layer_norm), (x, w, b)),
+        ("rms_norm", _rms_norm(fusedops.rms_norm), _rms_norm(F.rms_norm), (x, w)),
+        ("bias_gelu", fusedops.bias_gelu, lambda x, b: F.gelu(x + b), (x, b)),
+        (
+            "fused_mlp",
+            fusedops.fused_mlp,
+            lambda x, w1, b1, w2, b2: F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2),
+            (x, *mlp),
+        ),
+    ]
+    seq = nn.Sequential(nn.Linear(n, hidden), nn.GELU(), nn.Linear(hidden, n))
+    modules = [
+        ("nn.Softmax", fusedops.nn.Softmax(-1), nn.Softmax(-1)),
+        ("nn.LogSoftmax", fusedops.nn.LogSoftmax(-1), nn.LogSoftmax(-1)),
+        ("nn.LayerNorm", fusedops.nn.LayerNorm(n), nn.LayerNorm(n)),
+        ("nn.RMSNorm", fusedops.nn.RMSNorm(n), nn.RMSNorm(n)),
+        ("nn.FusedMLP", fusedops.nn.FusedMLP.from_modules(seq), seq),  # shared parameters
+    ]
+    cases += [(name, f.to(device, dtype), t.to(device, dtype), (x,)) for name, f, t in modules]
+    return cases
+
+
+def host_us(f: Callable, args: tuple, device: torch.device, backward: bool, quick: bool) -> float:
+    """Median µs per call of f(*args) (and its backward): batches of back-to-back calls on the
+    host clock, one synchronize at the end of each."""
+    batch, reps = (50, 5) if quick else (200, 15)
+    if backward:
+        args = tuple(a.detach().requires_grad_() for a in args)
+        with torch.enable_grad():
+            dy = torch.randn_like(f(*args))
+
+    def step():
+        y = f(*args)
+        if backward:
+            y.backward(dy)
+
+    with torch.set_grad_enabled(backward):  # forward: inference, no autograd graph
+        for _ in range(batch // 5 + 2):
+            step()
+        return _per_call(step, batch, reps, device, host_clock=True) * 1e6
+
+
+def host_costs(device: torch.device, quick: bool = False) -> dict:
+    """Host µs per call, fusedops and torch, forward and forward+backward of every host_cases()
+    entry; a failed call is None with its reason under errors."""
+    rows = []
+    for name, fused, ref, args in host_cases(device, DTYPES[HOST_DTYPE]):
+        for backward in (False, True):
+            row = {"name": f"{name} {'fwd+bwd' if backward else 'fwd'}", "errors": {}}
+            for provider, f in (("fusedops", fused), ("torch", ref)):
+                try:
+                    row[f"{provider}_us"] = host_us(f, args, device, backward, quick)
+                except Exception as e:  # e.g. an op without kernels for this device
+                    row[f"{provider}_us"], row["errors"][provider] = None, _error(e)
+            rows.append(row)
+    return {"shape": list(HOST_SHAPE), "dtype": HOST_DTYPE, "rows": rows}
+
+
+def host_table(host: dict) -> str:
+    rows = []
+    for r in host["rows"]:
+        mine, theirs = r["fusedops_us"], r["torch_us"]
+        ratio = "-" if not (mine and theirs) else f"{mine / theirs:.2f}"
+        rows.append([r["name"], _num(mine), _num(theirs), ratio])
+    head = ["op / module", "fusedops µs", "torch µs", "fusedops/torch"]
+    title = (
+        f"host µs per call, {host['shape'][0]}x{host['shape'][1]} {host['dtype']} "
+        "(back-to-back calls, median; <= 1.00 is the goal)"
+    )
+    return "\n".join([title, *columns(head, rows, text=1)])
+
+
+# ---------------------------------------------------------------------------------------------
 # Running, reporting
 
 
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
+    if device.type == "mps":
+        return f"MPS ({platform.machine()} Apple GPU)"
     return f"CPU {platform.machine()}, {torch.get_num_threads()} threads"
 
 
 def device_slug(name: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'."""
-    if name.startswith("CPU"):
-        return "cpu"
+    if name.startswith(("CPU", "MPS")):
+        return name[:3].lower()
     drop = re.compile(r"nvidia|geforce|tesla|\d+gb|hbm\d*e?")
     words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and not drop.fullmatch(w)]
     return "-".join(words) or "gpu"
@@ -431,6 +572,39 @@ def _error(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0][:160]}"
 
 
+def _calibrate(device: torch.device) -> tuple[float, float]:
+    """(seconds per tiny call, bytes per second torch.randn fills) on device: with the copy's
+    speed, what _predicted_seconds needs."""
+    x = torch.randn(*HOST_SHAPE, device=device)
+    floor = _per_call(x.clone, 100, 3, device, host_clock=True)
+    synchronize(device)
+    t0 = time.perf_counter()
+    y = torch.randn(1 << 24, device=device)
+    synchronize(device)
+    return floor, y.nbytes / (time.perf_counter() - t0)
+
+
+def _predicted_seconds(spec: Spec, pass_: str, dt: str, shape, device, copy, quick, calib):
+    """A rough time for one cell: per provider, making its input sets and its calls (warm-up,
+    timed batches, CUDA graph replays), each call at the copy's speed or the tiny-call floor.
+    run() scales the estimate by the time the finished cells really took."""
+    floor, randn_rate = calib
+    warmup, reps, target = _plan(device, quick)
+    nbytes = min_bytes(spec, pass_, *shape, DTYPES[dt])
+    call = max(nbytes / (copy * 1e9), floor)
+    batch = min(1000, max(1, math.ceil(target / call))) if target else 1
+    sets = max(1, math.ceil(L2_ROTATE * _cache_bytes(device) / nbytes))
+    calls = sets + max(warmup, sets) + reps * batch  # sets: a backward's y
+    if device.type == "cuda" and pass_ == "fwd":
+        calls += reps * 200  # measure_device
+    return len(providers(spec, device)) * (calls * call + sets * nbytes / randn_rate)
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(round(seconds), 60)
+    return f"{m}m{s:02d}s" if m else f"{s}s"
+
+
 def run(
     ops=DEFAULT_OPS,
     dtypes=DEFAULT_DTYPES,
@@ -438,22 +612,35 @@ def run(
     quick: bool = False,
     with_compile: bool = True,
     log: Callable[[str], None] | None = print,
+    device: str | torch.device | None = None,
+    with_host: bool = True,
 ) -> dict:
     """Time every (op, dtype, shape) cell for each provider; return the results as a dict.
 
-    ops: names as in select(); shapes: [(rows, N), ...], None for each op's own list. Each cell
+    ops: names as in select() (none: only the host table); shapes: [(rows, N), ...], None for
+    each op's own list; device: "cuda", "mps", "cpu" or None for the first present. Each cell
     holds median_us, gbps and pct_copy for each of providers() of its op (None where a provider
-    failed, with the reason under errors).
+    failed, with the reason under errors). with_host adds "host": host_costs().
     """
     log = log or (lambda s: None)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(device) if not isinstance(device, torch.device) else device
     name = _device_name(device)
-    copy = copy_gbps(device, quick)
-    log(f"{name}: 2 GiB copy {copy:.0f} GB/s (bytes read + written)")
-    if device.type == "cuda" and LIGER_MISSING and any(s.liger for s, _ in select(ops)):
+    todo = cells(ops, dtypes, shapes) if ops else []
+    copy = copy_gbps(device, quick) if todo else None
+    if todo:
+        log(f"{name}: 2 GiB copy {copy:.0f} GB/s (bytes read + written)")
+    if device.type == "cuda" and LIGER_MISSING and any(s.liger for s, _ in select(ops or [])):
         log(f"note: no liger provider: {LIGER_MISSING}")
-    todo = cells(ops, dtypes, shapes)
+    if todo:
+        calib = _calibrate(device)
+        predicted = [_predicted_seconds(*c, device, copy, quick, calib) for c in todo]
+        compiles = ", plus a torch.compile per cell (--no-compile skips it)" if with_compile else ""
+        log(
+            f"{len(todo)} cells: about {_duration(sum(predicted))}{compiles}; "
+            "each line below updates the estimate"
+        )
     done = []
+    start = time.perf_counter()
     for i, (spec, pass_, dt, (rows, n)) in enumerate(todo, 1):
         nbytes = min_bytes(spec, pass_, rows, n, DTYPES[dt])
         cell = {"op": f"{spec.name}_{pass_}", "dtype": dt, "rows": rows, "n": n, "bytes": nbytes}
@@ -481,8 +668,11 @@ def run(
             cell["median_us"][p], cell["gbps"][p] = us, gbps
             cell["pct_copy"][p] = 100 * gbps / copy if gbps else None
         done.append(cell)
-        log(f"[{i}/{len(todo)}] {_progress(cell, device.type)}")
-    return {
+        elapsed = time.perf_counter() - start
+        left = elapsed * sum(predicted[i:]) / sum(predicted[:i])
+        eta = f"{_duration(elapsed)}, ~{_duration(left)} left"
+        log(f"[{i}/{len(todo)} {eta}] {_progress(cell, device.type)}")
+    result = {
         "device": name,
         "device_type": device.type,
         "slug": device_slug(name),
@@ -492,14 +682,25 @@ def run(
         "quick": quick,
         "copy_gbps": copy,
         "providers": [p for p in PROVIDERS if any(p in c["median_us"] for c in done)],
-        "families": list(dict.fromkeys((s.family or s.name) for s, _ in select(ops))),
+        "families": list(dict.fromkeys((s.family or s.name) for s, _ in select(ops or []))),
         "cells": done,
     }
+    if with_host:
+        log(f"host cost per call, {HOST_SHAPE[0]}x{HOST_SHAPE[1]} {HOST_DTYPE}...")
+        result["host"] = host_costs(device, quick)
+    return result
 
 
 def _unit(device_type: str) -> tuple[str, float, int]:
     """(unit, scale from µs, decimals): µs for GPU kernels, ms for the slower CPU ones."""
-    return ("µs", 1.0, 1) if device_type == "cuda" else ("ms", 1e-3, 2)
+    return ("ms", 1e-3, 2) if device_type == "cpu" else ("µs", 1.0, 1)
+
+
+def _num(x: float | None) -> str:
+    """At most 3 significant digits, and never a small value rounded to 0: 2950, 12.3, 0.87."""
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2g}"
 
 
 def _progress(cell: dict, device_type: str) -> str:
@@ -511,40 +712,78 @@ def _progress(cell: dict, device_type: str) -> str:
         else:
             gbps, pct = cell["gbps"][p], cell["pct_copy"][p]
             dev = cell.get("device_pct_copy", {}).get(p)
-            graphed = f" (graph {dev:.0f}%)" if dev else ""
-            parts.append(f"{p} {us * scale:.{dec}f} {unit} {gbps:.0f} GB/s {pct:.0f}%{graphed}")
+            graphed = f" (graph {_num(dev)}%)" if dev else ""
+            parts.append(f"{p} {us * scale:.{dec}f} {unit} {_num(gbps)} GB/s {_num(pct)}%{graphed}")
     return f"{cell['op']} {cell['dtype']} {cell['rows']}x{cell['n']}: " + " | ".join(parts)
 
 
+def _grouped(result: dict, head: list[str], row: Callable[[dict], list[str] | None]) -> list[str]:
+    """A table with a line per (op, dtype) heading its shapes' rows; widths shared by all."""
+    groups: dict[str, list[list[str]]] = {}
+    for c in result["cells"]:
+        if (r := row(c)) is not None:
+            groups.setdefault(f"{c['op']} {c['dtype']}", []).append([f"{c['rows']}x{c['n']}", *r])
+    rows = [r for g in groups.values() for r in g]
+    lines = columns(head, rows, text=1)
+    out, k = [lines[0]], 1
+    for title, g in groups.items():
+        out += [title, *("  " + line for line in lines[k : k + len(g)])]
+        k += len(g)
+    out[0] = "  " + out[0]
+    return out
+
+
 def table(result: dict) -> str:
-    """The results as a fixed-width text table, with fusedops' speedups."""
+    """The results as text tables of at most ~100 columns: time per call with fusedops'
+    speedups; GB/s and % of copy; on CUDA the kernel-only % of copy; the host costs."""
     unit, scale, dec = _unit(result["device_type"])
     providers = result["providers"]
-    others = [p for p in providers if p != "fusedops"]
-    head = ["op", "dtype", "shape"]
-    graphed = any("device_pct_copy" in c for c in result["cells"])
-    head += [f"{p} {h}" for p in providers for h in (unit, "GB/s", "%copy")]
-    head += [f"{p} graph%" for p in providers] if graphed else []
-    head += [f"vs {p}" for p in others] if "fusedops" in providers else []
-    rows = []
-    for c in result["cells"]:
-        row = [c["op"], c["dtype"], f"{c['rows']}x{c['n']}"]
-        for p in providers:  # .get: a provider may lack an op (liger), "-" as for a failed one
-            us, gbps, pct = c["median_us"].get(p), c["gbps"].get(p), c["pct_copy"].get(p)
-            row += (
-                ["-"] * 3 if us is None else [f"{us * scale:.{dec}f}", f"{gbps:.0f}", f"{pct:.0f}"]
+    others = [p for p in providers if p != "fusedops"] if "fusedops" in providers else []
+    lines = [f"{result['device']}, torch {result['torch']}"]
+    if result["cells"]:
+        lines[0] += f", 2 GiB copy {result['copy_gbps']:.0f} GB/s"
+        if result["device_type"] == "cpu":
+            lines += [
+                "CPU: the copy streams through DRAM; shapes that fit in cache can pass 100% of it."
+            ]
+
+        def times(c):  # .get: a provider may lack an op (liger); "-" as for a failed one
+            us = [c["median_us"].get(p) for p in providers]
+            mine = c["median_us"].get("fusedops")
+            speed = [
+                c["median_us"].get(p) / mine if mine and c["median_us"].get(p) else None
+                for p in others
+            ]
+            return [f"{u * scale:.{dec}f}" if u else "-" for u in us] + [
+                f"{x:.2f}x" if x else "-" for x in speed
+            ]
+
+        def bandwidth(c):
+            return [
+                f"{_num(c['gbps'].get(p))} ({_num(c['pct_copy'].get(p))}%)"
+                if c["gbps"].get(p)
+                else "-"
+                for p in providers
+            ]
+
+        lines += ["", f"{unit} per call (host-inclusive) and fusedops' speedup"]
+        lines += _grouped(result, ["shape", *providers, *(f"vs {p}" for p in others)], times)
+        lines += ["", "GB/s (% of copy)"]
+        lines += _grouped(result, ["shape", *providers], bandwidth)
+        if any("device_pct_copy" in c for c in result["cells"]):
+            lines += ["", "% of copy, kernel only (CUDA graph replay; forward)"]
+            lines += _grouped(
+                result,
+                ["shape", *providers],
+                lambda c: (
+                    [_num(c["device_pct_copy"].get(p)) for p in providers]
+                    if "device_pct_copy" in c
+                    else None
+                ),
             )
-        if graphed:
-            dev = c.get("device_pct_copy", {})
-            row += [f"{dev[p]:.0f}" if dev.get(p) else "-" for p in providers]
-        if "fusedops" in providers:
-            mine = c["median_us"]["fusedops"]
-            for p in others:
-                theirs = c["median_us"].get(p)
-                row.append(f"{theirs / mine:.2f}x" if mine and theirs else "-")
-        rows.append(row)
-    title = f"{result['device']}, torch {result['torch']}, copy {result['copy_gbps']:.0f} GB/s"
-    return "\n".join([title, *columns(head, rows, text=3)])
+    if host := result.get("host"):
+        lines += ["", host_table(host)]
+    return "\n".join(lines)
 
 
 def columns(head: list[str], rows: list[list[str]], text: int) -> list[str]:
@@ -601,11 +840,11 @@ def write(result: dict, out: str | Path, with_plot: bool = True) -> list[Path]:
     """Write <slug>-<family>.json (and .png) under out; returns the paths written."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{result['slug']}-{'-'.join(result['families'])}"
+    stem = out / f"{result['slug']}-{'-'.join(result['families']) or 'host'}"
     path = stem.with_suffix(".json")
     path.write_text(json.dumps(result, indent=1) + "\n")
     written = [path]
-    if with_plot:
+    if with_plot and result["cells"]:
         if plot(result, stem.with_suffix(".png")):
             written.append(stem.with_suffix(".png"))
         else:
@@ -631,13 +870,23 @@ def main(argv=None) -> None:
         "--dtypes", default=",".join(DEFAULT_DTYPES), help=f"comma list of: {', '.join(DTYPES)}"
     )
     ap.add_argument("--shapes", help="ROWSxN,... (default: the op's shape list)")
+    ap.add_argument("--device", choices=DEVICES, help="default: cuda, else mps, else cpu")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    ap.add_argument("--out", default="bench/results", help="directory for .json and .png")
+    ap.add_argument(
+        "--out",
+        default=DEFAULT_OUT,
+        help=f"directory for .json and .png (default {DEFAULT_OUT}/, untracked; the committed "
+        "results: bench/results)",
+    )
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--no-plot", action="store_true", help="skip the .png")
+    host = ap.add_mutually_exclusive_group()
+    host.add_argument("--no-host", action="store_true", help="skip the host cost table")
+    host.add_argument("--host-only", action="store_true", help="only the host cost table")
     args = ap.parse_args(argv)
     ops, dtypes = args.ops.split(","), args.dtypes.split(",")
     try:
+        device = pick_device(args.device)
         select(ops)
         shapes = [_shape(s) for s in args.shapes.split(",")] if args.shapes else None
     except ValueError as e:
@@ -648,7 +897,16 @@ def main(argv=None) -> None:
     def log(line: str) -> None:
         print(line, flush=True)
 
-    result = run(ops, dtypes, shapes, args.quick, not args.no_compile, log)
+    result = run(
+        [] if args.host_only else ops,
+        dtypes,
+        shapes,
+        args.quick,
+        not args.no_compile,
+        log,
+        device,
+        with_host=not args.no_host,
+    )
     print(table(result))
     for path in write(result, args.out, not args.no_plot):
         print(f"wrote {path}", flush=True)

@@ -2,7 +2,7 @@
 
     python -m fusedops.bench_mlp [--dims 768,1024,4096] [--tokens 8192] [--dtype bf16]
         [--approx tanh,none] [--modes infer,train] [--quick] [--[no-]compile]
-        [--[no-]max-autotune] [--out bench/results]
+        [--[no-]max-autotune] [--device cuda|mps|cpu] [--out DIR]
 
 The block: x [T, D] -> Linear(D, H) -> GELU -> Linear(H, D), H = 4D. infer: the forward under
 torch.no_grad; train: forward and backward to x, w1, b1, w2, b2. Providers: eager (F.linear,
@@ -16,7 +16,8 @@ median. Per cell: ms, TFLOP/s (forward 2 * 2*T*D*H FLOPs, a training step 3x tha
 eager, peak memory of one step above what was allocated before it, and the first call's seconds
 (for the compiled providers: the compile). Then, on CUDA, the kernels one step launches (counted
 with torch.profiler) for eager and fusedops at D = 1024. Results: <out>/<device>-fused_mlp.json,
-rewritten after every cell so a run cut short keeps what it measured.
+rewritten after every cell so a run cut short keeps what it measured; <out> is ./fusedops-bench
+(untracked) unless given (the committed results: --out bench/results).
 
 CPU (a smoke test): 256 tokens by default, ms and speedups only, no torch.compile unless
 --compile.
@@ -128,8 +129,7 @@ def first_call(t: bench.Timed, device: torch.device) -> float:
     start = time.perf_counter()
     with torch.set_grad_enabled(t.grad):
         t.call(*t.sets[0])
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    bench.synchronize(device)
     return time.perf_counter() - start
 
 
@@ -171,16 +171,18 @@ def run(
     with_max_autotune: bool | None = None,
     out: str | Path | None = None,
     log: Callable[[str], None] | None = print,
+    device: str | None = None,
 ) -> dict:
     """Time every (D, mode, approximate) cell for each provider; return the results as a dict.
     out: where to write them after every cell, so a run cut short keeps what it measured.
+    device: "cuda", "mps", "cpu", or None for the first present.
 
     tokens None: 8192 on CUDA, 256 on CPU. with_compile None: on CUDA only; with_max_autotune
     None: as with_compile. Per cell and provider: ms, tflops, speedup (vs eager), peak_mib and
     first_s, None where the provider failed (the reason under errors); CPU: ms and speedup only.
     """
     log = log or (lambda s: None)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = bench.pick_device(device)
     cuda = device.type == "cuda"
     tokens = tokens or (8192 if cuda else 256)
     with_compile = cuda if with_compile is None else with_compile
@@ -353,8 +355,18 @@ def main(argv=None) -> None:
         help="time torch.compile(mode='max-autotune-no-cudagraphs'); minutes per cell "
         "(default: as --compile)",
     )
-    ap.add_argument("--out", default="bench/results", help="directory for the .json")
+    ap.add_argument("--device", choices=bench.DEVICES, help="default: cuda, else mps, else cpu")
+    ap.add_argument(
+        "--out",
+        default=bench.DEFAULT_OUT,
+        help=f"directory for the .json (default {bench.DEFAULT_OUT}/, untracked; the committed "
+        "results: bench/results)",
+    )
     args = ap.parse_args(argv)
+    try:
+        bench.pick_device(args.device)
+    except ValueError as e:
+        ap.error(str(e))
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -370,6 +382,7 @@ def main(argv=None) -> None:
         args.max_autotune,
         args.out,
         log,
+        args.device,
     )
     print(table(result))
     print(f"wrote {write(result, args.out)}", flush=True)

@@ -1,0 +1,153 @@
+"""fusedops.bench's reporting, without timing anything: tables within 100 columns, numbers never
+rounded to 0, the device choice, the untracked default output, the host cost table."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from fusedops.tools import bench
+
+ROOT = Path(__file__).resolve().parent.parent
+PROVIDERS = ["fusedops", "eager", "compile", "liger"]
+
+
+def _cell(op, dtype, rows, n, us, graphed):
+    nbytes = 2 * rows * n * 2
+    cell = {"op": op, "dtype": dtype, "rows": rows, "n": n, "bytes": nbytes, "errors": {}}
+    cell["median_us"] = dict(zip(PROVIDERS, us, strict=True))
+    cell["gbps"] = {p: nbytes / t / 1e3 if t else None for p, t in cell["median_us"].items()}
+    cell["pct_copy"] = {p: 100 * g / 3000 if g else None for p, g in cell["gbps"].items()}
+    if graphed:
+        cell["device_pct_copy"] = {p: 97.25 for p in PROVIDERS}
+    return cell
+
+
+def _cuda_result():
+    cells = [
+        _cell("layer_norm_fp32w_bwd", "bf16", 16384, 4096, [123.4, 456.7, 234.5, None], False),
+        _cell("softmax_fwd", "bf16", 512, 262144, [12345.6, 23456.7, 34567.8, 45678.9], True),
+        _cell("softmax_fwd", "bf16", 4096, 1024, [10.1, 20.2, 30.3, 40.4], True),
+    ]
+    return {
+        "device": "NVIDIA H100 80GB HBM3",
+        "device_type": "cuda",
+        "torch": "2.14.1",
+        "copy_gbps": 3000.0,
+        "providers": PROVIDERS,
+        "cells": cells,
+        "host": {
+            "shape": [8, 256],
+            "dtype": "bf16",
+            "rows": [
+                {"name": "nn.LayerNorm fwd+bwd", "fusedops_us": 35.9, "torch_us": 27.3},
+                {"name": "fused_mlp fwd", "fusedops_us": None, "torch_us": 4.1},
+            ],
+        },
+    }
+
+
+def test_table_fits_100_columns_and_has_every_section():
+    text = bench.table(_cuda_result())
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 100, max(lines, key=len)
+    for section in (
+        "µs per call (host-inclusive) and fusedops' speedup",
+        "GB/s (% of copy)",
+        "% of copy, kernel only (CUDA graph replay; forward)",
+        "host µs per call, 8x256 bf16",
+    ):
+        assert any(line.startswith(section) for line in lines), section
+    assert lines.count("softmax_fwd bf16") == 3  # a heading per table
+    speed = lines[lines.index("softmax_fwd bf16") + 2].split()  # the 4096x1024 row
+    assert speed == ["4096x1024", "10.1", "20.2", "30.3", "40.4", "2.00x", "3.00x", "4.00x"]
+    host = next(line for line in lines if line.startswith("nn.LayerNorm fwd+bwd")).split()
+    assert host[-3:] == ["35.9", "27.3", "1.32"]
+    assert next(line for line in lines if line.startswith("fused_mlp fwd")).split()[-3:] == [
+        "-",
+        "4.1",
+        "-",
+    ]
+
+
+def test_cpu_table_says_what_the_roof_means():
+    result = _cuda_result() | {"device": "CPU x86_64, 2 threads", "device_type": "cpu"}
+    assert "shapes that fit in cache can pass 100% of it" in bench.table(result)
+
+
+@pytest.mark.parametrize(
+    "x, text",
+    [(0.0013, "0.0013"), (0.4, "0.4"), (0.867, "0.87"), (12.34, "12.3"), (2950.4, "2950")],
+)
+def test_small_numbers_are_not_rounded_to_zero(x, text):
+    assert bench._num(x) == text
+
+
+def test_pick_device():
+    assert bench.pick_device("cpu") == torch.device("cpu")
+    assert bench.pick_device().type in bench.DEVICES
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        bench.pick_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device 'cuda' is not available"):
+            bench.pick_device("cuda")
+
+
+def test_default_output_is_untracked():
+    probe = Path(bench.DEFAULT_OUT) / "cpu-softmax.json"
+    out = subprocess.run(
+        ["git", "check-ignore", "-q", str(probe)], cwd=ROOT, capture_output=True
+    ).returncode
+    assert out == 0, f"{bench.DEFAULT_OUT}/ is not ignored by git"
+
+
+def test_host_costs_cover_every_op_and_module():
+    names = [name for name, *_ in bench.host_cases(torch.device("cpu"), torch.float32)]
+    assert names == [
+        "softmax",
+        "log_softmax",
+        "layer_norm",
+        "rms_norm",
+        "bias_gelu",
+        "fused_mlp",
+        "nn.Softmax",
+        "nn.LogSoftmax",
+        "nn.LayerNorm",
+        "nn.RMSNorm",
+        "nn.FusedMLP",
+    ]
+    for name, fused, ref, args in bench.host_cases(torch.device("cpu"), torch.float32):
+        torch.testing.assert_close(fused(*args), ref(*args), rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_estimate_grows_with_the_work():
+    device, calib = torch.device("cpu"), (1e-6, 1e9)
+    small, big = (
+        bench._predicted_seconds(
+            bench.SPECS["softmax"], "fwd", "bf16", shape, device, 50, True, calib
+        )
+        for shape in ((64, 1024), (4096, 32768))
+    )
+    assert 0 < small < big
+
+
+def test_run_logs_an_estimate_and_progress(monkeypatch):
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 20)  # a small roof: this only checks the flow
+    lines = []
+    result = bench.run(
+        ["softmax_fwd"],
+        ["fp32"],
+        [(8, 64), (16, 64)],
+        quick=True,
+        with_compile=False,
+        log=lines.append,
+        device="cpu",
+        with_host=False,
+    )
+    assert lines[1].startswith("2 cells: about ")
+    assert lines[2].startswith("[1/2 ") and " left] softmax_fwd fp32 8x64: fusedops " in lines[2]
+    assert lines[3].startswith("[2/2 ")
+    assert [c["rows"] for c in result["cells"]] == [8, 16]
+    assert all(c["gbps"]["fusedops"] > 0 for c in result["cells"])
+    assert "host" not in result
