@@ -139,7 +139,8 @@ class _Steps:
                 x = F.fused_mlp(x, w1, b1, w2, b2, approximate)
             elif kind == "gelu":
                 pre = torch.nn.functional.linear(x, self._weight(names[0]))
-                x = F.bias_gelu(pre, self._modules[names[0]].bias, approximate)
+                # Under autocast pre has the autocast dtype, as the Linear's output would.
+                x = F.bias_gelu(pre, self._modules[names[0]].bias.to(pre.dtype), approximate)
             else:
                 for name in names:
                     x = self._modules[name](x)

@@ -263,6 +263,19 @@ def test_gelu_only_without_mlp(device):
     assert_rule(model(x), original(x), fp64_twin(original)(x.double().cpu()))
 
 
+@pytest.mark.parametrize("mlp", [True, False])
+def test_autocast(mlp, device):
+    """Under autocast the swapped model returns what the original returns, in its dtype."""
+    model = fresh(Net, device)
+    original = copy.deepcopy(model)
+    fusedops.swap(model, mlp=mlp)
+    x = torch.randn(8, 32, device=device)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        out, want = model(x), original(x)
+    assert out.dtype == want.dtype
+    assert_rule(out, want, fp64_twin(original)(x.double().cpu()))
+
+
 def test_mlp_with_dropout_in_eval_then_training(device):
     """Dropout p > 0 between the Linears: fused in eval mode; after model.train() the block runs
     its modules unfused (same random stream as the original's)."""
