@@ -184,10 +184,15 @@ def _unsupported(op: str, device: torch.device, dtype: torch.dtype) -> str | Non
     return _probe(op, device, dtype)
 
 
+def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
+    """fp32 CPU values for probes, from a private generator: swap leaves the caller's random
+    stream where it was."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
 @functools.cache
 def _probe(op: str, device: torch.device, dtype: torch.dtype) -> str | None:
-    x = torch.randn(2, 8, device=device, dtype=dtype)
-    w = torch.randn(8, device=device, dtype=dtype)
+    x, w = _randn(2, 8).to(device, dtype), _randn(8).to(device, dtype)
     calls = {
         "softmax": lambda: F.softmax(x, -1),
         "layer_norm": lambda: F.layer_norm(x, (8,), w, w),
@@ -227,7 +232,7 @@ def _conv1d_class() -> type | None:
 
 def _linear_layout(module: torch.nn.Module) -> str | None:
     """ "linear" (weight [out, in]), "conv1d" (weight [in, out]) or None."""
-    if _is(module, torch.nn.Linear):
+    if _is(module, torch.nn.Linear) and not torch.nn.parameter.is_lazy(module.weight):
         return "linear"
     conv1d = _conv1d_class()
     if conv1d is not None and type(module) is conv1d:
@@ -287,11 +292,11 @@ def _computes(module: torch.nn.Module, reference, shape) -> bool:
     with random parameters (a weight of ones would hide a formula such as Gemma's
     (1 + weight) * x / rms)."""
     probe = copy.deepcopy(module).to("cpu", torch.float32)
-    x = torch.randn(4, *shape) * 3
+    x = _randn(4, *shape) * 3
     try:
         with torch.no_grad():
-            for p in probe.parameters():
-                p.normal_()
+            for seed, p in enumerate(probe.parameters(), start=1):
+                p.copy_(_randn(*p.shape, seed=seed))
             return _close(probe(x), reference(probe, x))
     except Exception:  # noqa: BLE001  (a module that fails here is not one we can vouch for)
         return False
@@ -309,10 +314,12 @@ def _rms_norm_like(module: torch.nn.Module) -> float | None:
     """eps of a module shaped like LLaMA's RMSNorm (a name with RMSNorm, one 1-D weight, a float
     variance_epsilon or eps), else None. Whether it computes weight * x / rms is checked apart."""
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    weight = module._parameters.get("weight")
     shaped = (
         "rmsnorm" in type(module).__name__.lower()
         and set(module._parameters) == {"weight"}
-        and module.weight.dim() == 1
+        and weight is not None
+        and weight.dim() == 1
         and not module._modules
         and not module._buffers
         and isinstance(eps, float)
@@ -342,9 +349,13 @@ def _rebuilt(cls, original, params, **kwargs):
 
 
 def _hooked(modules) -> str | None:
+    """Why these (name, module) pairs can't be replaced or fused away: hooks, or a forward set on
+    the instance (as accelerate's device-map hooks do), would no longer run."""
     for name, module in modules:
         if any(getattr(module, h, None) for h in _HOOKS):
             return f"{name or 'it'} has hooks, which a replacement would not call"
+        if "forward" in module.__dict__:
+            return f"{name or 'it'} has its own forward set on the instance, which would not run"
     return None
 
 

@@ -396,6 +396,28 @@ def test_dropout_in_training_mode_leaves_the_mlp(device):
     assert type(model[0]) is TimmLikeMlp
 
 
+def forward_set_on_instance():
+    ln = nn.LayerNorm(16)
+    ln.forward = lambda x: nn.LayerNorm.forward(ln, x)  # as accelerate's hooks do
+    return ln
+
+
+def test_forward_set_on_the_instance_is_left(device):
+    model = fresh(lambda: nn.Sequential(forward_set_on_instance()), device)
+    (row,) = fusedops.swap(model).rows
+    assert (row.replacement, row.reason) == (
+        None,
+        "it has its own forward set on the instance, which would not run",
+    )
+
+
+def test_random_stream_untouched(device):
+    model = fresh(lambda: nn.Sequential(Net(), GemmaLikeRMSNorm(32), nn.LayerNorm(32)), device)
+    state = torch.get_rng_state()
+    fusedops.swap(model)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_the_model_itself_is_left(device):
     model = nn.LayerNorm(8).to(device)
     (row,) = fusedops.swap(model).rows
