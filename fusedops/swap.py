@@ -31,7 +31,6 @@ from fusedops import functional as F
 
 __all__ = ["FusedChain", "FusedSequential", "SwapReport", "SwapRow", "WeightDtypeRMSNorm", "swap"]
 
-_BACKEND_OF = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
@@ -178,8 +177,9 @@ def _active_dropout(module: torch.nn.Module) -> bool:
 def _unsupported(op: str, device: torch.device, dtype: torch.dtype) -> str | None:
     """Why fusedops can't run `op` on device with dtype, or None. The op itself is asked (a tiny
     call, once per op, device and dtype), so this is the kernels' own rule."""
-    backend = _BACKEND_OF.get(device.type)
-    if backend not in fusedops.build_info()["backends"]:
+    if (
+        device.type.upper() not in fusedops.build_info()["backends"]
+    ):  # dispatch keys: CPU, CUDA, MPS
         return f"this fusedops build has no {device.type} kernels"
     return _probe(op, device, dtype)
 
