@@ -640,6 +640,19 @@ def test_hugging_face_models(name, device):
         assert_rule(out, want, output(fp64_twin(original)(ref_inputs)))
 
 
+def test_gpt2_compile_fullgraph(device):
+    model, tokens, output = hf_model("gpt2")
+    model = model.to(device).eval()
+    tokens = tokens.to(device)
+    # The original compiles with no graph break, so the swapped model must too.
+    torch.compile(copy.deepcopy(model), backend="eager", fullgraph=True)(tokens)
+    fusedops.swap(model)
+    backend = "inductor" if device == "cuda" else "aot_eager"  # CPU: no C++ codegen, faster
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(output(compiled(tokens)), output(model(tokens)))
+
+
 def test_gpt2_conv1d_weights_stay_stored_in_out():
     model, tokens, _ = hf_model("gpt2")
     mlp = model.transformer.h[0].mlp
