@@ -537,10 +537,12 @@ def _step_at(children, names, i, opts) -> tuple[tuple, str | None, int]:
 
 def _plan_chain(module: torch.nn.Module, opts) -> _Plan | None:
     """A FusedChain / FusedSequential for a module holding Linear and activation children, or
-    None when it holds no such pair."""
+    None when it holds no such pair (or has no forward: ModuleList, ModuleDict)."""
     children = {n: c for n, c in module._modules.items() if c is not None}
-    if not any(map(_linear_layout, children.values())) or not any(
-        map(_is_activation, children.values())
+    if (
+        type(module).forward is torch.nn.Module.forward
+        or not any(map(_linear_layout, children.values()))
+        or not any(map(_is_activation, children.values()))
     ):
         return None
     if module._parameters or module._buffers:

@@ -419,6 +419,11 @@ def test_random_stream_untouched(device):
     assert torch.equal(torch.get_rng_state(), state)
 
 
+def test_containers_without_forward_are_not_considered(device):
+    model = nn.Sequential(nn.ModuleList([nn.Linear(8, 8), nn.GELU()])).to(device)
+    assert fusedops.swap(model).rows == []
+
+
 def test_the_model_itself_is_left(device):
     model = nn.LayerNorm(8).to(device)
     (row,) = fusedops.swap(model).rows
