@@ -16,10 +16,11 @@
 
 using namespace metal;
 
-// Explicit instantiation of kernel template `fn` for element type T under the host name `name`
-// ("<op>_<fwd|bwd>_<tier>_<type>", the name the host asks for).
-#define FUSEDOPS_INSTANTIATE(name, fn, T) \
-  template [[host_name(name)]] [[kernel]] decltype(fn<T>) fn<T>;
+// Explicit instantiation of a kernel template specialization (the variadic part, e.g.
+// norm_fwd_row<half, true>) under the host name `name`, "<op>_<fwd|bwd>_<tier>_<type>": the
+// name the host asks for.
+#define FUSEDOPS_INSTANTIATE(name, ...) \
+  template [[host_name(name)]] [[kernel]] decltype(__VA_ARGS__) __VA_ARGS__;
 
 // 1024 threads per threadgroup at most, in SIMD groups of 32: 32 partial results.
 enum : uint { kMaxSimdGroups = 32 };

@@ -128,17 +128,17 @@ kernel void softmax_bwd_looped(device const T* dy [[buffer(0)]],  // [rows, cols
   }
 }
 
-FUSEDOPS_INSTANTIATE("softmax_fwd_row_float", softmax_fwd_row, float)
-FUSEDOPS_INSTANTIATE("softmax_fwd_row_half", softmax_fwd_row, half)
-FUSEDOPS_INSTANTIATE("softmax_fwd_looped_float", softmax_fwd_looped, float)
-FUSEDOPS_INSTANTIATE("softmax_fwd_looped_half", softmax_fwd_looped, half)
-FUSEDOPS_INSTANTIATE("softmax_bwd_row_float", softmax_bwd_row, float)
-FUSEDOPS_INSTANTIATE("softmax_bwd_row_half", softmax_bwd_row, half)
-FUSEDOPS_INSTANTIATE("softmax_bwd_looped_float", softmax_bwd_looped, float)
-FUSEDOPS_INSTANTIATE("softmax_bwd_looped_half", softmax_bwd_looped, half)
+FUSEDOPS_INSTANTIATE("softmax_fwd_row_float", softmax_fwd_row<float>)
+FUSEDOPS_INSTANTIATE("softmax_fwd_row_half", softmax_fwd_row<half>)
+FUSEDOPS_INSTANTIATE("softmax_fwd_looped_float", softmax_fwd_looped<float>)
+FUSEDOPS_INSTANTIATE("softmax_fwd_looped_half", softmax_fwd_looped<half>)
+FUSEDOPS_INSTANTIATE("softmax_bwd_row_float", softmax_bwd_row<float>)
+FUSEDOPS_INSTANTIATE("softmax_bwd_row_half", softmax_bwd_row<half>)
+FUSEDOPS_INSTANTIATE("softmax_bwd_looped_float", softmax_bwd_looped<float>)
+FUSEDOPS_INSTANTIATE("softmax_bwd_looped_half", softmax_bwd_looped<half>)
 #if __METAL_VERSION__ >= 310
-FUSEDOPS_INSTANTIATE("softmax_fwd_row_bfloat", softmax_fwd_row, bfloat)
-FUSEDOPS_INSTANTIATE("softmax_fwd_looped_bfloat", softmax_fwd_looped, bfloat)
-FUSEDOPS_INSTANTIATE("softmax_bwd_row_bfloat", softmax_bwd_row, bfloat)
-FUSEDOPS_INSTANTIATE("softmax_bwd_looped_bfloat", softmax_bwd_looped, bfloat)
+FUSEDOPS_INSTANTIATE("softmax_fwd_row_bfloat", softmax_fwd_row<bfloat>)
+FUSEDOPS_INSTANTIATE("softmax_fwd_looped_bfloat", softmax_fwd_looped<bfloat>)
+FUSEDOPS_INSTANTIATE("softmax_bwd_row_bfloat", softmax_bwd_row<bfloat>)
+FUSEDOPS_INSTANTIATE("softmax_bwd_looped_bfloat", softmax_bwd_looped<bfloat>)
 #endif
