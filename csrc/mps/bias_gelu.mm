@@ -49,6 +49,7 @@ GeluLaunch gelu_launch(const char* op, const mps::Kernel& k, int64_t rows, int64
 
 at::Tensor bias_gelu_rows_fwd_mps(const at::Tensor& input, const at::Tensor& bias,
                                   GeluApprox approx) {
+  TORCH_INTERNAL_ASSERT(input.dim() == 2 && input.is_contiguous());
   const char* type = mps::metal_type("bias_gelu", input);
   const int64_t rows = input.size(0), cols = input.size(1);
   at::Tensor y = at::empty({rows, cols}, input.options());
@@ -64,6 +65,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_mps(const at::Tensor& grad
                                                           const at::Tensor& input,
                                                           const at::Tensor& bias, GeluApprox approx,
                                                           bool want_dbias) {
+  TORCH_INTERNAL_ASSERT(input.dim() == 2 && input.is_contiguous() && grad_output.is_contiguous());
   const char* type = mps::metal_type("bias_gelu_backward", input);
   const int64_t rows = input.size(0), cols = input.size(1);
   at::Tensor dx = at::empty({rows, cols}, input.options());

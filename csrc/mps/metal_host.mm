@@ -17,8 +17,7 @@
 namespace fusedops::mps {
 namespace {
 
-// Every kernel's threadgroup scratch: one float per SIMD group of the largest threadgroup.
-constexpr NSUInteger kScratchBytes = 32 * sizeof(float);
+constexpr NSUInteger kScratchBytes = kMetalMaxSimdGroups * sizeof(float);
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -67,8 +66,8 @@ const Kernel& kernel(const std::string& name) {
                                                                                  error:&error];
   TORCH_CHECK(pipeline != nil, "fusedops: building the Metal pipeline '", name, "' failed: ",
               error != nil ? error.localizedDescription.UTF8String : "no error message");
-  const auto limit = static_cast<uint32_t>(std::min<NSUInteger>(
-      1024, pipeline.maxTotalThreadsPerThreadgroup));  // 1024: kMaxSimdGroups SIMD groups
+  const auto limit = static_cast<uint32_t>(
+      std::min<NSUInteger>(32 * kMetalMaxSimdGroups, pipeline.maxTotalThreadsPerThreadgroup));
   return cache.emplace(name, Kernel{pipeline, limit / 32 * 32}).first->second;
 }
 
