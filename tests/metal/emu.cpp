@@ -12,8 +12,6 @@
 //                                    ORDER is fwd or rev; writes the non-const buffers back
 #include "msl_shim.h"
 // msl_shim.h first: emu.h undoes its keyword macros before the standard headers.
-#include "emu.h"
-
 #include <ucontext.h>
 
 #include <algorithm>
@@ -23,6 +21,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "emu.h"
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -140,13 +140,26 @@ void resolve_simd(uint first, uint last) {
   for (size_t k = 1; k < live.size(); ++k) {
     const Value v = g_fibers[live[k]].in;
     switch (f0.op) {
-      case SimdOp::kSumF: acc.f += v.f; break;
-      case SimdOp::kMaxF: acc.f = std::fmax(acc.f, v.f); break;
-      case SimdOp::kSumI: acc.i += v.i; break;
-      case SimdOp::kMaxI: acc.i = std::max(acc.i, v.i); break;
-      case SimdOp::kSumU: acc.u += v.u; break;
-      case SimdOp::kMaxU: acc.u = std::max(acc.u, v.u); break;
-      case SimdOp::kXorF: break;
+      case SimdOp::kSumF:
+        acc.f += v.f;
+        break;
+      case SimdOp::kMaxF:
+        acc.f = std::fmax(acc.f, v.f);
+        break;
+      case SimdOp::kSumI:
+        acc.i += v.i;
+        break;
+      case SimdOp::kMaxI:
+        acc.i = std::max(acc.i, v.i);
+        break;
+      case SimdOp::kSumU:
+        acc.u += v.u;
+        break;
+      case SimdOp::kMaxU:
+        acc.u = std::max(acc.u, v.u);
+        break;
+      case SimdOp::kXorF:
+        break;
     }
   }
   for (uint t : live) {
@@ -300,11 +313,11 @@ void threadgroup_barrier(mem_flags) {
   to_scheduler(false);
 }
 
-#define EMU_SIMD(ret, name, field, op)                                           \
-  ret name(ret x) {                                                              \
-    Value v;                                                                     \
-    v.field = x;                                                                 \
-    return simd_call(SimdOp::op, v, __builtin_return_address(0)).field;          \
+#define EMU_SIMD(ret, name, field, op)                                  \
+  ret name(ret x) {                                                     \
+    Value v;                                                            \
+    v.field = x;                                                        \
+    return simd_call(SimdOp::op, v, __builtin_return_address(0)).field; \
   }
 EMU_SIMD(float, simd_sum, f, kSumF)
 EMU_SIMD(float, simd_max, f, kMaxF)

@@ -41,14 +41,20 @@ extern const int emu_num_kernels;
 
 template <typename T>
 const char* emu_type_of() {
-  if constexpr (std::is_same_v<T, float>) return "float";
-  else if constexpr (std::is_same_v<T, half>) return "half";
+  if constexpr (std::is_same_v<T, float>)
+    return "float";
+  else if constexpr (std::is_same_v<T, half>)
+    return "half";
 #if __METAL_VERSION__ >= 310
-  else if constexpr (std::is_same_v<T, bfloat>) return "bfloat";
+  else if constexpr (std::is_same_v<T, bfloat>)
+    return "bfloat";
 #endif
-  else if constexpr (std::is_same_v<T, int>) return "int";
-  else if constexpr (std::is_same_v<T, uint>) return "uint";
-  else return __PRETTY_FUNCTION__;
+  else if constexpr (std::is_same_v<T, int>)
+    return "int";
+  else if constexpr (std::is_same_v<T, uint>)
+    return "uint";
+  else
+    return __PRETTY_FUNCTION__;
 }
 
 template <auto F>
@@ -77,14 +83,14 @@ struct EmuEntry<F> {
   }
 
   template <size_t... I>
-  static void call_with(std::index_sequence<I...>, void* const* b, const void* p, float* s,
-                        uint tg, uint tid, uint n, uint lane, uint simd) {
+  static void call_with(std::index_sequence<I...>, void* const* b, const void* p, float* s, uint tg,
+                        uint tid, uint n, uint lane, uint simd) {
     if constexpr (kScratch) {
-      F(static_cast<std::tuple_element_t<I, Args>>(b[I])..., *static_cast<const P*>(p), s, tg,
-        tid, n, lane, simd);
-    } else {
-      F(static_cast<std::tuple_element_t<I, Args>>(b[I])..., *static_cast<const P*>(p), tg, tid,
+      F(static_cast<std::tuple_element_t<I, Args>>(b[I])..., *static_cast<const P*>(p), s, tg, tid,
         n, lane, simd);
+    } else {
+      F(static_cast<std::tuple_element_t<I, Args>>(b[I])..., *static_cast<const P*>(p), tg, tid, n,
+        lane, simd);
     }
   }
 

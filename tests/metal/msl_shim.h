@@ -8,7 +8,7 @@
 //   points of the fiber emulator (emu.cpp).
 // Only what the kernels may use exists: metal::exp, exp2, log, sqrt, rsqrt, tanh, abs, fabs, max,
 // min, fma, isinf, isnan, INFINITY, simd_sum, simd_max, simd_shuffle_xor, threadgroup_barrier,
-// float2/float4/half2/half4. Anything else (erf, a libm call, std::) fails to compile here.
+// float2/float4/half2/half4, ulong. Anything else (erf, a libm call, std::) fails to compile here.
 // [[...]] attributes are ignored; the driver renames [[threadgroup(N)]] (threadgroup is a macro).
 #pragma once
 
@@ -28,6 +28,7 @@ typedef __SIZE_TYPE__ size_t;
 typedef unsigned char uchar;
 typedef unsigned short ushort;
 typedef unsigned int uint;
+typedef __UINT64_TYPE__ ulong;
 
 #define kernel
 #define thread
@@ -110,8 +111,8 @@ typedef half half4 __attribute__((ext_vector_type(4)));
 
 namespace metal {
 
-#define MSL_SHIM_UNARY(name, builtin)                        \
-  inline float name(float x) { return builtin(x); }          \
+#define MSL_SHIM_UNARY(name, builtin)               \
+  inline float name(float x) { return builtin(x); } \
   inline half name(half x) { return half(builtin(float(x))); }
 MSL_SHIM_UNARY(exp, __builtin_expf)
 MSL_SHIM_UNARY(exp2, __builtin_exp2f)

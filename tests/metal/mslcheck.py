@@ -53,10 +53,14 @@ EMU_FLAGS = [
 ]
 
 _TG_ATTR = re.compile(r"\[\[\s*threadgroup\s*\(")
+# `template [[host_name("X")]] [[kernel]]` (kernel is empty after preprocessing), then either
+# `void f<T>(...)` or `decltype(f<T>) f<T>`; the lookahead keeps the declaration itself.
 _HOST_NAME = re.compile(
-    r'template\s*\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]\s*'
-    r"(void\s+([A-Za-z_]\w*\s*<[^;{(]*>)\s*\()"
+    r'template\s*\[\[\s*host_name\s*\(\s*((?:"[^"]*"\s*)+)\)\s*\]\]\s*(?:\[\[\s*\]\]\s*)?'
+    r"(?=decltype\s*\(\s*(?P<dt>[^()]*?)\s*\)|void\s+(?P<fn>[A-Za-z_]\w*\s*<[^;{(]*>)\s*\()"
 )
+# A kernel that is not a template: `kernel void f(` not right after a template header.
+_PLAIN_KERNEL = re.compile(r"(?<![>\s])(\s*)\bkernel\s+void\s+([A-Za-z_]\w*)\s*\(")
 
 
 class CheckError(Exception):
@@ -67,35 +71,41 @@ def _run(cmd: list[str], stdin: str | None = None) -> subprocess.CompletedProces
     return subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=ROOT)
 
 
-def preprocess(path: Path, version: int, *, emulate: bool, includes: list[Path] = ()) -> str:
+def preprocess(path: Path, version: int, *, emulate: bool, defines: list[str] = ()) -> str:
     """The .metal file after the [[threadgroup(N)]] rename and clang's preprocessor."""
-    text = f'#line 1 "{path.relative_to(ROOT)}"\n' + _TG_ATTR.sub("[[msl_threadgroup(", path.read_text())
+    text = f'#line 1 "{os.path.relpath(path, ROOT)}"\n'
+    text += _TG_ATTR.sub("[[msl_threadgroup(", path.read_text())
     flags = ["-DMSL_SHIM_EMULATE", "-nostdinc", "-nostdinc++"] if emulate else TYPECHECK_FLAGS
-    inc = [f"-I{d}" for d in (HERE / "include", path.parent, *includes)]
-    cmd = [CLANG, "-E", *flags, f"-D__METAL_VERSION__={version}", *inc, "-x", "c++", "-"]
+    inc = [f"-I{HERE / 'include'}", f"-I{path.parent}"]
+    cmd = [CLANG, "-E", *flags, f"-D__METAL_VERSION__={version}", *defines, *inc, "-x", "c++", "-"]
     r = _run(cmd, text)
     if r.returncode:
         raise CheckError(f"preprocessing {path.name} (Metal {version / 100:.1f}):\n{r.stderr}")
     return r.stdout
 
 
-def split_instantiations(pre: str) -> tuple[str, dict[str, str]]:
-    """Drops the host_name attributes; returns the text and {kernel name: 'f<T>'}."""
-    names: dict[str, str] = {}
+def plain_kernels(path: Path) -> list[str]:
+    """Kernels defined without a template (their MSL name is the function's name)."""
+    return [m.group(2) for m in _PLAIN_KERNEL.finditer(path.read_text())]
+
+
+def split_instantiations(pre: str, plain: list[str]) -> tuple[str, dict[str, str]]:
+    """Drops the host_name attributes; returns the text and {kernel name: function}."""
+    names = {name: name for name in plain}
 
     def take(m: re.Match) -> str:
         name = "".join(re.findall(r'"([^"]*)"', m.group(1)))
         if name in names:
-            raise CheckError(f"kernel name {name!r} instantiated twice")
-        names[name] = re.sub(r"\s+", "", m.group(3))
-        return "template " + m.group(2)
+            raise CheckError(f"kernel name {name!r} defined twice")
+        names[name] = re.sub(r"\s+", "", m.group("dt") or m.group("fn"))
+        return "template "
 
     return _HOST_NAME.sub(take, pre), names
 
 
 def typecheck(path: Path, version: int) -> dict[str, str]:
     """Compiles one .metal file as the Metal `version` view; returns its kernel names."""
-    text, names = split_instantiations(preprocess(path, version, emulate=False))
+    text, names = split_instantiations(preprocess(path, version, emulate=False), plain_kernels(path))
     r = _run([CLANG, "-fsyntax-only", *TYPECHECK_FLAGS, "-x", "c++", "-"], text)
     if r.returncode:
         raise CheckError(f"{path.name} as Metal {version / 100:.1f}:\n{r.stderr}")
@@ -152,9 +162,9 @@ class EmulatorError(CheckError):
 class Emulator:
     """The kernels of one .metal file, built for the CPU emulator (ASan + UBSan)."""
 
-    def __init__(self, path: Path, params_header: Path, includes: list[Path] = ()):
+    def __init__(self, path: Path, params_header: Path, defines: list[str] = ()):
         self.path = path
-        self.exe = _build_emulator(path, includes)
+        self.exe = _build_emulator(path, defines)
         self.params = parse_params(params_header)
         self.kernels: dict[str, KernelInfo] = {}
         for line in _run([str(self.exe), "list"]).stdout.splitlines():
@@ -230,10 +240,11 @@ def _shim_files() -> list[str]:
     return [(HERE / f).read_text() for f in ("msl_shim.h", "emu.h", "emu.cpp")]
 
 
-def _build_emulator(path: Path, includes: list[Path]) -> Path:
+def _build_emulator(path: Path, defines: list[str]) -> Path:
     flags = [*EMU_FLAGS, "-D__METAL_VERSION__=310", f"-I{HERE}"]
     runtime = _compiled('#include "emu.cpp"\n', "emu_runtime.o", flags, "-c")
-    text, names = split_instantiations(preprocess(path, 310, emulate=True, includes=includes))
+    pre = preprocess(path, 310, emulate=True, defines=defines)
+    text, names = split_instantiations(pre, plain_kernels(path))
     if not names:
         raise CheckError(f"{path.name}: no template [[host_name(...)]] instantiations")
     table = ",\n".join(f'    MSL_EMU_KERNEL("{n}", {f})' for n, f in names.items())
