@@ -3,7 +3,7 @@
 // fp32 parameters); their gradients are summed in fp32 and returned in the parameters' dtype.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include <algorithm>
