@@ -105,7 +105,9 @@ def split_instantiations(pre: str, plain: list[str]) -> tuple[str, dict[str, str
 
 def typecheck(path: Path, version: int) -> dict[str, str]:
     """Compiles one .metal file as the Metal `version` view; returns its kernel names."""
-    text, names = split_instantiations(preprocess(path, version, emulate=False), plain_kernels(path))
+    text, names = split_instantiations(
+        preprocess(path, version, emulate=False), plain_kernels(path)
+    )
     r = _run([CLANG, "-fsyntax-only", *TYPECHECK_FLAGS, "-x", "c++", "-"], text)
     if r.returncode:
         raise CheckError(f"{path.name} as Metal {version / 100:.1f}:\n{r.stderr}")
@@ -175,7 +177,10 @@ class Emulator:
                 [(b.removeprefix("in:"), b.startswith("in:")) for b in bufs],
             )  # fmt: skip
             fields = self.params.get(ptype)
-            if fields is None or struct.calcsize("<" + "".join(f for _, f in fields)) != info.params_size:
+            if (
+                fields is None
+                or struct.calcsize("<" + "".join(f for _, f in fields)) != info.params_size
+            ):
                 raise CheckError(f"{name}: {ptype} in the params header does not match sizeof")
             self.kernels[name] = info
 
@@ -227,8 +232,17 @@ def _compiled(source: str, stem: str, flags: list[str], *mode: str, objs: list[P
     out = BUILD / f"{stem}-{key.hexdigest()[:16]}"
     if not out.exists():
         BUILD.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        cmd = [CLANG, *flags, *mode, "-x", "c++", "-", *(["-x", "none"] if objs else []), *map(str, objs)]
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")  # parallel test workers build alike
+        cmd = [
+            CLANG,
+            *flags,
+            *mode,
+            "-x",
+            "c++",
+            "-",
+            *(["-x", "none"] if objs else []),
+            *map(str, objs),
+        ]
         r = _run([*cmd, "-o", str(tmp)], source)
         if r.returncode:
             raise CheckError(f"building {stem} for the emulator:\n{r.stderr}")
