@@ -173,9 +173,12 @@ class Emulator:
             name, ptype, psize, scratch, *bufs = line.split("\t")
             ptype = re.search(r"T = (\w+)", ptype).group(1)
             info = KernelInfo(
-                name, ptype, int(psize), scratch == "1",
+                name,
+                ptype,
+                int(psize),
+                scratch == "1",
                 [(b.removeprefix("in:"), b.startswith("in:")) for b in bufs],
-            )  # fmt: skip
+            )
             fields = self.params.get(ptype)
             if (
                 fields is None
@@ -199,7 +202,7 @@ class Emulator:
         info = self.kernels[name]
         if len(buffers) != len(info.buffers):
             raise ValueError(f"{name} takes {len(info.buffers)} buffers, got {len(buffers)}")
-        for i, (t, (mtype, _)) in enumerate(zip(buffers, info.buffers)):
+        for i, (t, (mtype, _)) in enumerate(zip(buffers, info.buffers, strict=True)):
             if t.dtype != _DTYPE[mtype]:
                 raise ValueError(f"{name}: buffer {i} is {mtype}, got {t.dtype}")
         fields = self.params[info.params_type]
@@ -218,7 +221,7 @@ class Emulator:
             if r.returncode:
                 raise EmulatorError(f"{name} ({order}): exit {r.returncode}\n{r.stderr[-4000:]}")
             out = []
-            for t, f in zip(buffers, files):
+            for t, f in zip(buffers, files, strict=True):
                 data = bytearray(Path(f).read_bytes())
                 out.append(torch.frombuffer(data, dtype=torch.uint8).view(t.dtype).view(t.shape))
             return out

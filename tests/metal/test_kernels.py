@@ -52,10 +52,10 @@ def run(file: str, kernel: str, buffers, params, *, grid: int, tg_size: int):
             tg_size=tg_size,
             scratch_bytes=SCRATCH_BYTES,
             order=o,
-        )  # fmt: skip
+        )
         for o in ORDERS
     ]
-    for a, b in zip(*outs):
+    for a, b in zip(*outs, strict=True):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (
             f"{kernel}: thread order changes the result"
         )
@@ -69,7 +69,14 @@ def poisoned(shape, dtype=torch.float32):
 def colsum(part: torch.Tensor) -> torch.Tensor:
     chunks, cols = part.shape
     params = {"chunks": chunks, "cols": cols}
-    out = run("colsum", "colsum_bwd_partials_float", [part, poisoned((cols,))], params, grid=math.ceil(cols / 64), tg_size=64)  # fmt: skip
+    out = run(
+        "colsum",
+        "colsum_bwd_partials_float",
+        [part, poisoned((cols,))],
+        params,
+        grid=math.ceil(cols / 64),
+        tg_size=64,
+    )
     return out[1]
 
 
@@ -97,7 +104,14 @@ def test_softmax_forward(type, log, tier, cols):
     x = softmax_input(cols, dtype)
     rows = x.shape[0]
     params = {"rows": rows, "cols": cols, "log": int(log)}
-    out = run("softmax", f"softmax_fwd_{tier}_{type}", [x, poisoned(x.shape, dtype)], params, grid=rows, tg_size=threads(tier, cols))  # fmt: skip
+    out = run(
+        "softmax",
+        f"softmax_fwd_{tier}_{type}",
+        [x, poisoned(x.shape, dtype)],
+        params,
+        grid=rows,
+        tg_size=threads(tier, cols),
+    )
     torch_out = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
     assert_softmax_close(out[1], torch_out, x, -1, log)
 
@@ -113,8 +127,17 @@ def test_softmax_backward(type, log, tier, cols):
     dy = make_input((3, cols), dtype)
     params = {"rows": 3, "cols": cols, "log": int(log)}
     buffers = [dy, y, poisoned(y.shape, dtype)]
-    out = run("softmax", f"softmax_bwd_{tier}_{type}", buffers, params, grid=3, tg_size=threads(tier, cols))  # fmt: skip
-    backward = torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data  # fmt: skip
+    out = run(
+        "softmax",
+        f"softmax_bwd_{tier}_{type}",
+        buffers,
+        params,
+        grid=3,
+        tg_size=threads(tier, cols),
+    )
+    backward = (
+        torch.ops.aten._log_softmax_backward_data if log else torch.ops.aten._softmax_backward_data
+    )
     assert_softmax_backward_close(out[2], backward(dy, y, -1, dtype), dy, y, -1, log)
 
 
@@ -129,9 +152,16 @@ EPS = 1e-5
 def norm_params(op, rows, cols, *, affine, chunks=1, want=(0, 0, 0)):
     has_bias = affine and op == "layer_norm"  # rms_norm has no bias
     return {
-        "rows": rows, "cols": cols, "eps": EPS, "has_weight": int(affine), "has_bias": int(has_bias),
-        "want_dx": want[0], "want_dw": want[1], "want_db": want[2], "chunks": chunks,
-    }  # fmt: skip
+        "rows": rows,
+        "cols": cols,
+        "eps": EPS,
+        "has_weight": int(affine),
+        "has_bias": int(has_bias),
+        "want_dx": want[0],
+        "want_dw": want[1],
+        "want_db": want[2],
+        "chunks": chunks,
+    }
 
 
 def norm_torch(op, x, w, b):
@@ -151,7 +181,14 @@ def test_norm_forward(type, op, tier, cols, affine):
     x = make_input((rows, cols), dtype, shift=2.0)
     w, b = make_input(cols), make_input(cols)
     buffers = [x, w, b, poisoned(x.shape, dtype), poisoned((rows,)), poisoned((rows,))]
-    out = run("norms", f"{op}_fwd_{tier}_{type}", buffers, norm_params(op, rows, cols, affine=affine), grid=rows, tg_size=threads(tier, cols))  # fmt: skip
+    out = run(
+        "norms",
+        f"{op}_fwd_{tier}_{type}",
+        buffers,
+        norm_params(op, rows, cols, affine=affine),
+        grid=rows,
+        tg_size=threads(tier, cols),
+    )
     ref = norm_torch(op, x.double(), *(t.double() if affine else None for t in (w, b)))
     torch_out = norm_torch(op, x, *(t.to(dtype) if affine else None for t in (w, b)))
     assert_close_to_reference(out[3], torch_out, ref, dtype, f"{op} forward")
@@ -188,7 +225,14 @@ def test_norm_backward(type, op, tier, cols, affine):
     )
     parts = [poisoned((chunks, cols)), poisoned((chunks, cols))]
     buffers = [dy, x, mean.float(), rstd.float(), w, poisoned(x.shape, dtype), *parts]
-    out = run("norms", f"{op}_bwd_{tier}_{type}", buffers, params, grid=chunks, tg_size=threads(tier, cols))  # fmt: skip
+    out = run(
+        "norms",
+        f"{op}_bwd_{tier}_{type}",
+        buffers,
+        params,
+        grid=chunks,
+        tg_size=threads(tier, cols),
+    )
 
     xt = x.clone().requires_grad_()
     wt = w.to(dtype).requires_grad_() if affine else None
@@ -211,10 +255,14 @@ APPROX = {"none": 0, "tanh": 1}
 
 def gelu_params(rows, cols, approx, has_bias, want_dbias, rows_per_chunk):
     return {
-        "rows": rows, "cols": cols, "approx": APPROX[approx], "has_bias": int(has_bias),
-        "want_dbias": int(want_dbias), "rows_per_chunk": rows_per_chunk,
+        "rows": rows,
+        "cols": cols,
+        "approx": APPROX[approx],
+        "has_bias": int(has_bias),
+        "want_dbias": int(want_dbias),
+        "rows_per_chunk": rows_per_chunk,
         "col_blocks": math.ceil(cols / GELU_TG),
-    }  # fmt: skip
+    }
 
 
 def gelu_grid(rows, cols, rows_per_chunk):
@@ -229,7 +277,14 @@ def test_bias_gelu_forward(type, approx, has_bias, cols):
     dtype, rows, rpc = DTYPES[type], 5, 2
     x, b = make_input((rows, cols), dtype), make_input(cols, dtype)
     params = gelu_params(rows, cols, approx, has_bias, False, rpc)
-    out = run("bias_gelu", f"bias_gelu_fwd_rows_{type}", [x, b, poisoned(x.shape, dtype)], params, grid=gelu_grid(rows, cols, rpc), tg_size=GELU_TG)  # fmt: skip
+    out = run(
+        "bias_gelu",
+        f"bias_gelu_fwd_rows_{type}",
+        [x, b, poisoned(x.shape, dtype)],
+        params,
+        grid=gelu_grid(rows, cols, rpc),
+        tg_size=GELU_TG,
+    )
     bias = b if has_bias else torch.zeros_like(b)
     ref = F.gelu(x.double() + bias.double(), approximate=approx)
     assert_close_to_reference(out[2], F.gelu(x + bias, approximate=approx), ref, dtype, "bias_gelu")
@@ -249,7 +304,14 @@ def test_bias_gelu_backward(type, approx, has_bias, cols):
     chunks = math.ceil(rows / rpc)
     params = gelu_params(rows, cols, approx, has_bias, has_bias, rpc)
     buffers = [dy, x, b, poisoned(x.shape, dtype), poisoned((chunks, cols))]
-    out = run("bias_gelu", f"bias_gelu_bwd_rows_{type}", buffers, params, grid=gelu_grid(rows, cols, rpc), tg_size=GELU_TG)  # fmt: skip
+    out = run(
+        "bias_gelu",
+        f"bias_gelu_bwd_rows_{type}",
+        buffers,
+        params,
+        grid=gelu_grid(rows, cols, rpc),
+        tg_size=GELU_TG,
+    )
     bias = b if has_bias else torch.zeros_like(b)
     x64, b64 = x.double().requires_grad_(), bias.double().requires_grad_()
     F.gelu(x64 + b64, approximate=approx).backward(dy.double())
