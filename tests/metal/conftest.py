@@ -21,4 +21,6 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_collection_modifyitems(config, items):
     if ENABLED and mslcheck.CLANG is None:
-        raise pytest.UsageError("the Metal checks need clang++ (scripts/metal_check.sh installs it)")
+        raise pytest.UsageError(
+            "the Metal checks need clang++ (scripts/metal_check.sh installs it)"
+        )

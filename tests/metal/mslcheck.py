@@ -105,7 +105,9 @@ def split_instantiations(pre: str, plain: list[str]) -> tuple[str, dict[str, str
 
 def typecheck(path: Path, version: int) -> dict[str, str]:
     """Compiles one .metal file as the Metal `version` view; returns its kernel names."""
-    text, names = split_instantiations(preprocess(path, version, emulate=False), plain_kernels(path))
+    text, names = split_instantiations(
+        preprocess(path, version, emulate=False), plain_kernels(path)
+    )
     r = _run([CLANG, "-fsyntax-only", *TYPECHECK_FLAGS, "-x", "c++", "-"], text)
     if r.returncode:
         raise CheckError(f"{path.name} as Metal {version / 100:.1f}:\n{r.stderr}")
@@ -171,11 +173,17 @@ class Emulator:
             name, ptype, psize, scratch, *bufs = line.split("\t")
             ptype = re.search(r"T = (\w+)", ptype).group(1)
             info = KernelInfo(
-                name, ptype, int(psize), scratch == "1",
+                name,
+                ptype,
+                int(psize),
+                scratch == "1",
                 [(b.removeprefix("in:"), b.startswith("in:")) for b in bufs],
-            )  # fmt: skip
+            )
             fields = self.params.get(ptype)
-            if fields is None or struct.calcsize("<" + "".join(f for _, f in fields)) != info.params_size:
+            if (
+                fields is None
+                or struct.calcsize("<" + "".join(f for _, f in fields)) != info.params_size
+            ):
                 raise CheckError(f"{name}: {ptype} in the params header does not match sizeof")
             self.kernels[name] = info
 
@@ -194,7 +202,7 @@ class Emulator:
         info = self.kernels[name]
         if len(buffers) != len(info.buffers):
             raise ValueError(f"{name} takes {len(info.buffers)} buffers, got {len(buffers)}")
-        for i, (t, (mtype, _)) in enumerate(zip(buffers, info.buffers)):
+        for i, (t, (mtype, _)) in enumerate(zip(buffers, info.buffers, strict=True)):
             if t.dtype != _DTYPE[mtype]:
                 raise ValueError(f"{name}: buffer {i} is {mtype}, got {t.dtype}")
         fields = self.params[info.params_type]
@@ -213,7 +221,7 @@ class Emulator:
             if r.returncode:
                 raise EmulatorError(f"{name} ({order}): exit {r.returncode}\n{r.stderr[-4000:]}")
             out = []
-            for t, f in zip(buffers, files):
+            for t, f in zip(buffers, files, strict=True):
                 data = bytearray(Path(f).read_bytes())
                 out.append(torch.frombuffer(data, dtype=torch.uint8).view(t.dtype).view(t.shape))
             return out
@@ -227,8 +235,17 @@ def _compiled(source: str, stem: str, flags: list[str], *mode: str, objs: list[P
     out = BUILD / f"{stem}-{key.hexdigest()[:16]}"
     if not out.exists():
         BUILD.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        cmd = [CLANG, *flags, *mode, "-x", "c++", "-", *(["-x", "none"] if objs else []), *map(str, objs)]
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")  # parallel test workers build alike
+        cmd = [
+            CLANG,
+            *flags,
+            *mode,
+            "-x",
+            "c++",
+            "-",
+            *(["-x", "none"] if objs else []),
+            *map(str, objs),
+        ]
         r = _run([*cmd, "-o", str(tmp)], source)
         if r.returncode:
             raise CheckError(f"building {stem} for the emulator:\n{r.stderr}")

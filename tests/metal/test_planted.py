@@ -23,7 +23,15 @@ def row_sum(emu: Emulator, x: torch.Tensor, order: str, tg_size: int = 64) -> to
     rows, cols = x.shape
     y = torch.full((rows,), float("nan"))
     params = {"rows": rows, "cols": cols}
-    out = emu.run("row_sum_float", [x, y], params, grid=rows, tg_size=tg_size, scratch_bytes=SCRATCH_BYTES, order=order)  # fmt: skip
+    out = emu.run(
+        "row_sum_float",
+        [x, y],
+        params,
+        grid=rows,
+        tg_size=tg_size,
+        scratch_bytes=SCRATCH_BYTES,
+        order=order,
+    )
     return out[1]
 
 
