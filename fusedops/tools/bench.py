@@ -675,6 +675,9 @@ def main(argv=None) -> None:
         ap.error(str(e))
     if unknown := [d for d in dtypes if d not in DTYPES]:
         ap.error(f"unknown dtype(s) {unknown}; known: {', '.join(DTYPES)}")
+    present = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not present.get(args.device, True):
+        ap.error(f"--device {args.device}: torch sees no such device here")
 
     def log(line: str) -> None:
         print(line, flush=True)
