@@ -72,17 +72,10 @@ const Kernel& kernel(const std::string& name) {
 }
 
 const char* metal_type(const char* op, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return "float";
-    case at::kHalf:
-      return "half";
-    case at::kBFloat16:
-      return "bfloat";
-    default:
-      TORCH_CHECK_TYPE(false, "fusedops.", op, ": ", t.scalar_type(),
-                       " is not supported on MPS (use float32, float16 or bfloat16)");
-  }
+  const at::ScalarType s = t.scalar_type();
+  TORCH_CHECK_TYPE(s == at::kFloat || s == at::kHalf || s == at::kBFloat16, "fusedops.", op, ": ",
+                   s, " is not supported on MPS (use float32, float16 or bfloat16)");
+  return s == at::kFloat ? "float" : s == at::kHalf ? "half" : "bfloat";
 }
 
 void check_fits_u32(const char* op, int64_t rows, int64_t cols) {
