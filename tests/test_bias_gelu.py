@@ -49,7 +49,8 @@ def test_forward_backward(shape, approximate, dtype, device):
 @pytest.mark.parametrize("approximate", APPROX)
 def test_matches_torch_fp32_and_fp64(approximate, device):
     # fp32 loosely: torch's CPU erf is a vectorized approximation, not the libm one used here.
-    for dtype, atol in ((torch.float32, 1e-5), (torch.float64, 1e-14)):
+    cases = [(torch.float32, 1e-5)] + ([(torch.float64, 1e-14)] if device != "mps" else [])
+    for dtype, atol in cases:  # MPS has no float64
         x, b = inputs((17, 300), dtype, device)
         torch.testing.assert_close(
             fusedops.bias_gelu(x, b, approximate),

@@ -15,7 +15,8 @@ import fusedops
 from fusedops._ops import ops
 
 HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+HAS_MPS = torch.backends.mps.is_available()
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else []) + (["mps"] if HAS_MPS else [])
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # atol of the tolerance rule, per output dtype.
@@ -311,12 +312,12 @@ def test_modules_match_torch_and_state_dicts(kind):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["LayerNorm", "RMSNorm"])
 def test_autocast_like_torch(device, kind):
-    # torch: fp32 under CUDA autocast, untouched under CPU autocast. The module's parameters are
-    # fp32; the input comes from a low-precision matmul as in a real model.
+    # torch: fp32 under CUDA and MPS autocast, untouched under CPU autocast. The module's
+    # parameters are fp32; the input comes from a low-precision matmul as in a real model.
     ours = getattr(fusedops.nn, kind)(64, device=device)
     theirs = getattr(torch.nn, kind)(64, device=device)
     theirs.load_state_dict(ours.state_dict())
-    low = torch.float16 if device == "cuda" else torch.bfloat16
+    low = torch.bfloat16 if device == "cpu" else torch.float16  # MPS autocast: fp16 on torch 2.5
     lin = torch.nn.Linear(64, 64, device=device)
     x = torch.randn(8, 64, device=device)
     for inp in (lambda: x, lambda: lin(x), lambda: x.to(low)):

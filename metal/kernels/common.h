@@ -2,7 +2,7 @@
 //
 // Every kernel has the same argument order: device buffers (inputs, then outputs), then
 // `constant <Op>Params& p` (params.h), then `threadgroup float* scratch [[threadgroup(0)]]` (at
-// least kMaxSimdGroups floats, sized by the host), then the thread-position arguments
+// least kMetalMaxSimdGroups floats, sized by the host), then the thread-position arguments
 // tg, tid, tg_size, lane, simd (1-D grids). Threadgroups are whole SIMD groups of 32 threads.
 //
 // MSL used beyond the basic list (simd_sum, simd_max, threadgroup_barrier, exp, log, sqrt,
@@ -21,9 +21,6 @@ using namespace metal;
 // name the host asks for.
 #define FUSEDOPS_INSTANTIATE(name, ...) \
   template [[host_name(name)]] [[kernel]] decltype(__VA_ARGS__) __VA_ARGS__;
-
-// 1024 threads per threadgroup at most, in SIMD groups of 32: 32 partial results.
-enum : uint { kMaxSimdGroups = 32 };
 
 struct SumOp {
   static float identity() { return 0.0f; }

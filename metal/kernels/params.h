@@ -13,6 +13,10 @@
 // kMetalRowValues * (threads per threadgroup) elements is read from memory once.
 enum : uint32_t { kMetalRowValues = 8 };
 
+// Threadgroups are at most 1024 threads, whole SIMD groups of 32: the threadgroup scratch holds
+// one float per SIMD group.
+enum : uint32_t { kMetalMaxSimdGroups = 32 };
+
 // softmax / log_softmax over contiguous rows [rows, cols]; one threadgroup per row.
 struct SoftmaxParams {
   uint32_t rows;

@@ -54,15 +54,19 @@ kernel void softmax_fwd_looped(device const T* x [[buffer(0)]],  // [rows, cols]
                                uint lane [[thread_index_in_simdgroup]],
                                uint simd [[simdgroup_index_in_threadgroup]]) {
   const ulong base = ulong(tg) * p.cols;
-  // Online: s is the sum of exp(x - m) over this thread's elements so far. -inf elements add
-  // exactly 0 and are skipped (else -inf - -inf would make NaN of a row that has finite values).
+  // Online: s is the sum of exp(x - m) over this thread's elements so far, one exp per element.
+  // -inf elements add exactly 0 and are skipped (else -inf - -inf would make NaN of a row that
+  // has finite values); a NaN element takes the else branch and makes s NaN.
   float m = -INFINITY, s = 0.0f;
   for (uint c = tid; c < p.cols; c += tg_size) {
     const float xv = float(x[base + c]);
     if (xv == -INFINITY) continue;
-    const float m_new = max(m, xv);
-    s = s * exp(m - m_new) + exp(xv - m_new);
-    m = m_new;
+    if (xv > m) {
+      s = s * exp(m - xv) + 1.0f;  // a new max: rescale what was summed against the old one
+      m = xv;
+    } else {
+      s += exp(xv - m);
+    }
   }
   const float row_m = tg_max(m, scratch, tg_size, lane, simd);
   // A thread that saw no finite element holds s = 0 (and m = -inf, where exp(m - row_m) may be
