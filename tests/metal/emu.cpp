@@ -12,6 +12,7 @@
 //                                    ORDER is fwd or rev; writes the non-const buffers back
 #include "msl_shim.h"
 // msl_shim.h first: emu.h undoes its keyword macros before the standard headers.
+#include <sys/mman.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -47,7 +48,7 @@ union Value {
 
 struct Fiber {
   ucontext_t ctx;
-  std::vector<char> stack;
+  char* stack = nullptr;  // kStackBytes, mapped lazily (1024 fibers touch little of it)
   State state = State::kDone;
   const void* site = nullptr;  // return address of the barrier / simd call it waits at
   SimdOp op = SimdOp::kSumF;
@@ -107,7 +108,7 @@ void run_fiber(uint t) {
   Fiber& f = g_fibers[t];
 #ifdef EMU_ASAN
   void* fake = nullptr;
-  __sanitizer_start_switch_fiber(&fake, f.stack.data(), f.stack.size());
+  __sanitizer_start_switch_fiber(&fake, f.stack, kStackBytes);
 #endif
   swapcontext(&g_sched, &f.ctx);
 #ifdef EMU_ASAN
@@ -183,8 +184,8 @@ void run_threadgroup(const Launch& l, bool reverse) {
   for (uint t = 0; t < n; ++t) {
     Fiber& f = g_fibers[t];
     getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.data();
-    f.ctx.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStackBytes;
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_main, 0);
     f.state = State::kReady;
@@ -284,7 +285,11 @@ int run(int argc, char** argv) {
   std::memcpy(params_copy, params.data(), params.size());
   float* scratch = scratch_bytes ? static_cast<float*>(std::malloc(scratch_bytes)) : nullptr;
   g_fibers.resize(tg_size);
-  for (Fiber& f : g_fibers) f.stack.resize(kStackBytes);
+  void* stacks = mmap(nullptr, tg_size * kStackBytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (stacks == MAP_FAILED) fail("cannot map the fiber stacks");
+  for (uint t = 0; t < tg_size; ++t)
+    g_fibers[t].stack = static_cast<char*>(stacks) + t * kStackBytes;
   for (uint tg = 0; tg < grid; ++tg) {
     for (size_t i = 0; i < scratch_bytes / sizeof(float); ++i) scratch[i] = NAN;
     const Launch l{k, buffers.data(), params_copy, scratch, tg, tg_size};

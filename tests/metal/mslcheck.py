@@ -17,7 +17,9 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
@@ -271,3 +273,94 @@ def _build_emulator(path: Path, defines: list[str]) -> Path:
         f"const int emu_num_kernels = {len(names)};\n"
     )
     return _compiled(text, path.stem, flags, objs=[runtime])
+
+
+# --------------------------------------------------------------------------------------------
+# Objective-C++ host: syntax check against the macOS torch headers, and lint
+# --------------------------------------------------------------------------------------------
+
+MACOS_TORCH = ROOT / "build" / "macos-torch"
+HOST_FLAGS = [
+    "-x", "objective-c++", "-std=c++17", "-fobjc-arc", "-fblocks", "-fobjc-runtime=macosx-11.0",
+    "-fsyntax-only", "-Wall", "-Werror=objc-method-access",
+]  # fmt: skip
+# The SDKs the host is read against: macOS 14's, and macOS 15's (MTLCompileOptions.mathMode).
+SDKS = {
+    "macos14": [],
+    "macos15": ["-D__MAC_15_0=150000", "-D__MAC_OS_X_VERSION_MAX_ALLOWED=150000"],
+}
+
+
+def macos_torch_include() -> Path:
+    """torch/include of the macOS arm64 wheel of the newest torch not newer than ours (the same
+    version where PyPI has it), fetched once into build/macos-torch."""
+    wheels = sorted(MACOS_TORCH.glob("torch-*-macosx_*_arm64.whl"))
+    if not wheels:
+        local = torch.__version__.split("+")[0]
+        cmd = [sys.executable, "-m", "pip", "download", f"torch<={local}", "--no-deps"]
+        cmd += ["--platform", "macosx_11_0_arm64", "--only-binary=:all:", "-d", str(MACOS_TORCH)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = sorted(MACOS_TORCH.glob("torch-*-macosx_*_arm64.whl"))
+        if r.returncode or not wheels:
+            raise CheckError(f"fetching the macOS torch wheel failed:\n{r.stdout}\n{r.stderr}")
+    wheel = wheels[-1]
+    out = MACOS_TORCH / wheel.name.removesuffix(".whl")
+    if not (out / "torch" / "include").is_dir():
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(out, [n for n in z.namelist() if n.startswith("torch/include/")])
+    return out / "torch" / "include"
+
+
+def host_syntax_check(mm: Path, sdk: str, include_root: Path = ROOT / "csrc") -> None:
+    """Compiles one .mm as Objective-C++ (syntax only) against the macOS torch headers and the
+    Foundation/Metal stubs of tests/metal/stubs."""
+    inc = macos_torch_include()
+    cmd = [CLANG, *HOST_FLAGS, *SDKS[sdk], "-isystem", str(inc)]
+    cmd += ["-isystem", str(inc / "torch" / "csrc" / "api" / "include")]
+    cmd += [f"-I{HERE / 'stubs'}", f"-I{include_root}", f"-I{ROOT / 'csrc'}", f"-I{ROOT}", str(mm)]
+    r = _run(cmd)
+    if r.returncode:
+        raise CheckError(f"{mm.name} ({sdk}):\n{r.stderr}")
+
+
+_OFFSET_PRODUCT = re.compile(
+    r"(\w+)\.storage_offset\(\)\s*\*\s*\1\.element_size\(\)"
+    r"|(\w+)\.element_size\(\)\s*\*\s*\2\.storage_offset\(\)"
+)
+_SET_BUFFER = re.compile(r"setBuffer:\s*(.+?)\s+offset:\s*(.+?)\s+atIndex:", re.S)
+# Encoders belong to torch's MPS stream (stream->commandEncoder()): creating, ending or
+# committing one here aborts ("A command encoder is already encoding to this command buffer").
+_FORBIDDEN = re.compile(r"\b(computeCommandEncoder|endEncoding|commit|commitAndWait)\s*\]")
+
+
+def host_lint(text: str) -> list[str]:
+    """What the compiler can't see in a host file: each buffer bound at its tensor's storage
+    offset in bytes, no encoder of our own, no fast math. Returns the problems found."""
+    problems = []
+
+    def line(pos: int) -> int:
+        return text.count("\n", 0, pos) + 1
+
+    spans = [m.span() for m in _OFFSET_PRODUCT.finditer(text)]
+    for m in re.finditer(r"(\w+)\.storage_offset\(\)", text):
+        if not any(a <= m.start() < b for a, b in spans):
+            problems.append(f"line {line(m.start())}: {m.group(0)} not scaled by element_size()")
+    for m in _SET_BUFFER.finditer(text):
+        offset = m.group(2)
+        if _OFFSET_PRODUCT.search(offset):
+            continue
+        var = re.match(r"(\w+)", offset)
+        sources = []
+        if var and not offset[0].isdigit():
+            assign = re.compile(rf"\b{var.group(1)}\s*(?:=|\.push_back\(|\.emplace_back\()([^;]*);")
+            sources = [a.group(1) for a in assign.finditer(text)]
+        if not sources or not all(_OFFSET_PRODUCT.search(s) for s in sources):
+            problems.append(
+                f"line {line(m.start())}: setBuffer offset `{offset}` is not the tensor's "
+                "storage_offset() * element_size()"
+            )
+    for m in _FORBIDDEN.finditer(text):
+        problems.append(f"line {line(m.start())}: {m.group(1)} on an encoder/command buffer")
+    if re.search(r"fastMathEnabled\s*=\s*YES|MTLMathModeFast|MTLMathModeRelaxed", text):
+        problems.append("fast math on: -inf masking in softmax needs IEEE exp/max")
+    return problems

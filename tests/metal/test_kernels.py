@@ -322,3 +322,24 @@ def test_bias_gelu_backward(type, approx, has_bias, cols):
         assert_close_to_reference(
             colsum(out[4]).to(dtype), bt.grad, b64.grad, dtype, "bias_gelu dbias"
         )
+
+
+# The host's largest threadgroups: 1024 threads (32 SIMD groups, every scratch slot), the row tier
+# at its longest row and the looped tier past it.
+@pytest.mark.parametrize(
+    "tier, cols", [("row", ROW_VALUES * 1024), ("looped", ROW_VALUES * 1024 + 37)]
+)
+def test_softmax_forward_1024_threads(tier, cols):
+    x = softmax_input(cols, torch.float32)
+    params = {"rows": 4, "cols": cols, "log": 0}
+    tg_size = threads("row", cols) if tier == "row" else 1024
+    assert tg_size == 1024
+    out = run(
+        "softmax",
+        f"softmax_fwd_{tier}_float",
+        [x, poisoned(x.shape)],
+        params,
+        grid=4,
+        tg_size=tg_size,
+    )
+    assert_softmax_close(out[1], torch.softmax(x, -1), x)

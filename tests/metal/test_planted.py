@@ -4,7 +4,7 @@ planted/row_sum.metal, the host lint for a wrong buffer offset (planted/bad_offs
 
 import pytest
 import torch
-from mslcheck import HERE, Emulator, EmulatorError
+from mslcheck import HERE, Emulator, EmulatorError, host_lint, host_syntax_check
 
 PLANTED = HERE / "planted"
 ORDERS = ("fwd", "rev")
@@ -61,3 +61,11 @@ def test_planted_bug_is_caught(bug):
             assert error and error in str(e), str(e)
             caught.append(f"{order}: {error}")
     assert caught, f"planted bug {bug} went unnoticed in both thread orders"
+
+
+def test_planted_host_offset_is_caught():
+    bad = PLANTED / "bad_offset.mm"
+    host_syntax_check(bad, "macos14")  # valid code: the compiler alone can't see the bug
+    problems = host_lint(bad.read_text())
+    assert any("not scaled by element_size()" in p for p in problems), problems
+    assert any("setBuffer offset `offsets[i]`" in p for p in problems), problems
