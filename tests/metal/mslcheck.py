@@ -283,6 +283,7 @@ MACOS_TORCH = ROOT / "build" / "macos-torch"
 HOST_FLAGS = [
     "-x", "objective-c++", "-std=c++17", "-fobjc-arc", "-fblocks", "-fobjc-runtime=macosx-11.0",
     "-fsyntax-only", "-Wall", "-Werror=objc-method-access",
+    "-DFUSEDOPS_WITH_MPS",  # as setup.py builds the .mm files
 ]  # fmt: skip
 # The SDKs the host is read against: macOS 14's, and macOS 15's (MTLCompileOptions.mathMode).
 SDKS = {
