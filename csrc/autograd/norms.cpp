@@ -2,8 +2,9 @@
 // Autograd (C++, as softmax): the forward redispatches below the Autograd key and saves input,
 // parameters and the fp32 statistics; the backward runs the *_bwd op for just the gradients
 // autograd needs. Double backward is not implemented and raises rather than return wrong values.
-// AutocastCUDA: torch runs layer_norm in fp32 under CUDA autocast, so do we. rms_norm it leaves
-// alone (checked on torch 2.11), as it does both ops under CPU autocast: the fallthrough.
+// AutocastCUDA / AutocastMPS: torch runs layer_norm in fp32 under CUDA and MPS autocast, so do
+// we. rms_norm it leaves alone (checked on torch 2.11 for CUDA), as it does both ops under CPU
+// autocast: the fallthrough.
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -157,21 +158,16 @@ std::tuple<Tensor, Tensor> rms_norm_fwd_autograd(const Tensor& input, IntArrayRe
   return {r[0], r[1]};
 }
 
-// torch's CUDA autocast policy for layer_norm ("fp32"): every floating CUDA argument but fp64
-// runs as fp32, so the output is fp32 too.
-Tensor to_fp32(const Tensor& t) {
-  return at::autocast::cached_cast(at::kFloat, t, c10::DeviceType::CUDA);
-}
-OptTensor to_fp32(const OptTensor& t) {
-  return at::autocast::cached_cast(at::kFloat, t, c10::DeviceType::CUDA);
-}
-
+// torch's CUDA and MPS autocast policy for layer_norm ("fp32"): every floating argument on the
+// device but fp64 runs as fp32, so the output is fp32 too.
+template <c10::DeviceType kDevice, c10::DispatchKey kAutocastKey>
 std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_autocast(const Tensor& input,
                                                            IntArrayRef normalized_shape,
                                                            const OptTensor& weight,
                                                            const OptTensor& bias, double eps) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  return layer_norm_fwd_op(to_fp32(input), normalized_shape, to_fp32(weight), to_fp32(bias), eps);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(kAutocastKey);
+  auto fp32 = [](const auto& t) { return at::autocast::cached_cast(at::kFloat, t, kDevice); };
+  return layer_norm_fwd_op(fp32(input), normalized_shape, fp32(weight), fp32(bias), eps);
 }
 
 }  // namespace
@@ -182,7 +178,15 @@ TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
 }
 
 TORCH_LIBRARY_IMPL(fusedops, AutocastCUDA, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd_autocast);
+  m.impl("layer_norm_fwd",
+         &layer_norm_fwd_autocast<c10::DeviceType::CUDA, c10::DispatchKey::AutocastCUDA>);
 }
+
+#ifdef FUSEDOPS_WITH_MPS  // macOS builds need torch >= 2.5 (MPS autocast) anyway
+TORCH_LIBRARY_IMPL(fusedops, AutocastMPS, m) {
+  m.impl("layer_norm_fwd",
+         &layer_norm_fwd_autocast<c10::DeviceType::MPS, c10::DispatchKey::AutocastMPS>);
+}
+#endif
 
 }  // namespace fusedops

@@ -1,5 +1,5 @@
-// Host-side pieces shared by the CPU and CUDA bias_gelu and fused_mlp: argument checks, the
-// rows x cols view, and the CUDA row kernels that fused_mlp composes with its GEMMs.
+// Host-side pieces shared by the backends' bias_gelu and fused_mlp: argument checks, the
+// rows x cols view, and the CUDA and MPS row kernels that fused_mlp composes with its GEMMs.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -56,6 +56,16 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& gra
                                                            const at::Tensor& input,
                                                            const at::Tensor& bias,
                                                            GeluApprox approx, bool want_dbias);
+#endif
+
+#ifdef FUSEDOPS_WITH_MPS
+// The same row kernels on MPS (metal/kernels/bias_gelu.metal), same contract.
+at::Tensor bias_gelu_rows_fwd_mps(const at::Tensor& input, const at::Tensor& bias,
+                                  GeluApprox approx);
+std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_mps(const at::Tensor& grad_output,
+                                                          const at::Tensor& input,
+                                                          const at::Tensor& bias, GeluApprox approx,
+                                                          bool want_dbias);
 #endif
 
 }  // namespace fusedops
