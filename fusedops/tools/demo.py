@@ -21,9 +21,12 @@ re-profile, and write a report.
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import datetime
+import functools
 import platform
+import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -77,17 +80,19 @@ class Workload:
     train: dict = field(default_factory=dict)
 
     def forward(self, model: torch.nn.Module | None = None, inputs=None) -> torch.Tensor:
-        out = (model or self.model)(**(inputs or self.inputs))
+        model = self.model if model is None else model
+        out = model(**(self.inputs if inputs is None else inputs))
         return out if isinstance(out, torch.Tensor) else out.logits
 
-    def infer_step(self) -> torch.Tensor:
+    def infer_step(self, model: torch.nn.Module | None = None) -> torch.Tensor:
         with torch.no_grad():
-            return self.forward()
+            return self.forward(model)
 
-    def train_step(self) -> None:
+    def train_step(self, model: torch.nn.Module | None = None) -> None:
         """Forward, cross-entropy, backward (no optimizer step: the weights stay as they are)."""
-        self.model.zero_grad(set_to_none=True)
-        logits = self.forward()
+        model = self.model if model is None else model
+        model.zero_grad(set_to_none=True)
+        logits = self.forward(model)
         loss = torch.nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(), self.targets.reshape(-1)
         )
@@ -233,16 +238,16 @@ def groups(work: Workload) -> list[Group]:
     return list(out.values())
 
 
-def module_times(work: Workload, g: Group, device, quick: bool) -> dict:
+def module_times(work: Workload, g: Group, device) -> dict:
     """Seconds per call of one of g's modules, as it is and swapped, on a fresh input of its
     shape; bytes and flops of one call for the roofline."""
     holder = torch.nn.Sequential(copy.deepcopy(work.model.get_submodule(g.paths[0])))
     x = torch.randn(g.shape, device=device, dtype=g.dtype)
     with torch.no_grad():
         y = holder(x)
-    torch_s = measure(Timed(holder, [(x,)], grad=False, nbytes=0), device, quick)
+    torch_s = measure(Timed(holder, [(x,)], grad=False, nbytes=0), device)
     fusedops.swap(holder)
-    fused_s = measure(Timed(holder, [(x,)], grad=False, nbytes=0), device, quick)
+    fused_s = measure(Timed(holder, [(x,)], grad=False, nbytes=0), device)
     params = list(holder.parameters())
     gemm = 2 * (x.numel() // x.shape[-1]) * sum(p.numel() for p in params if p.dim() == 2)
     return {
@@ -255,11 +260,11 @@ def module_times(work: Workload, g: Group, device, quick: bool) -> dict:
     }
 
 
-def matmul_flops(device, dtype, quick: bool) -> float:
+def matmul_flops(device, dtype) -> float:
     """FLOP/s of one square matmul (the roofline's compute roof)."""
     n = 4096 if device.type == "cuda" else 1024
     a = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / measure(Timed(torch.mm, [(a, a)], grad=False, nbytes=0), device, quick)
+    return 2 * n**3 / measure(Timed(torch.mm, [(a, a)], grad=False, nbytes=0), device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +276,7 @@ def _err(t: torch.Tensor, ref: torch.Tensor) -> float:
     return ((t.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
-def compare(work: Workload, before: torch.Tensor, after: torch.Tensor, ref) -> dict:
+def compare(before: torch.Tensor, after: torch.Tensor, ref: torch.Tensor | None) -> dict:
     """Swapped vs original outputs, and both against the fp64 reference where there is one:
     the tolerance rule err(fused) <= 2 err(torch) + eps(dtype)."""
     diff = (after.double() - before.double()).abs()
@@ -290,15 +295,28 @@ def compare(work: Workload, before: torch.Tensor, after: torch.Tensor, ref) -> d
 # The run
 
 
-def _latency(call: Callable, grad: bool, device, quick: bool) -> float:
-    return measure(Timed(call, [()], grad=grad, nbytes=0), device, quick)
-
-
-def _compiled_latency(work: Workload, device, quick: bool) -> float:
-    torch._dynamo.reset()
-    compiled = torch.compile(work.model)
-    with torch.no_grad():
-        return _latency(lambda: compiled(**work.inputs), False, device, quick)
+def latencies(work: Workload, swapped, device, with_compile: bool, rounds: int = 3) -> dict:
+    """{variant: {phase: median seconds per step}} for eager_before/after (inference, training)
+    and compile_before/after (inference, torch.compile's default mode). The variants are timed in
+    interleaved rounds, so drifting clocks or load hit the original and the swapped model alike."""
+    calls = {}
+    for when, model in (("before", work.model), ("after", swapped)):
+        calls[f"eager_{when}", "inference"] = functools.partial(work.infer_step, model), False
+        calls[f"eager_{when}", "training"] = functools.partial(work.train_step, model), True
+        if with_compile:
+            compiled = torch.compile(model)
+            calls[f"compile_{when}", "inference"] = (
+                functools.partial(work.infer_step, compiled),
+                False,
+            )
+    times = collections.defaultdict(list)
+    for _ in progress(range(rounds), "time before/after"):
+        for key, (call, grad) in calls.items():
+            times[key].append(measure(Timed(call, [()], grad=grad, nbytes=0), device))
+    out: dict = {}
+    for (variant, phase), ts in times.items():
+        out.setdefault(variant, {})[phase] = statistics.median(ts)
+    return out
 
 
 def _device_name(device) -> str:
@@ -309,12 +327,13 @@ def _device_name(device) -> str:
     return f"CPU {platform.machine()}, {torch.get_num_threads()} threads"
 
 
-def _profiles(work: Workload, found: list[Group], device, out: Path, when: str) -> dict:
-    """Inference (each group's modules labelled) and training profiles, traces under out."""
-    labels = [(g.label, work.model.get_submodule(p)) for g in found for p in g.paths]
+def _profiles(work: Workload, model, found: list[Group], device, out: Path, when: str) -> dict:
+    """Inference (each group's modules labelled) and training profiles of model, traces under
+    out."""
+    labels = [(g.label, model.get_submodule(p)) for g in found for p in g.paths]
     return {
         phase: prof.profile(
-            step,
+            functools.partial(step, model),
             device,
             out / f"trace-{when}-{phase}.json",
             labels=labels if phase == "inference" else (),
@@ -359,7 +378,12 @@ def run(
         "fusedops": fusedops.build_info(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    log(f"[1/6] {model} on {res['device']}, {res['dtype']}")
+    t0 = time.perf_counter()
+
+    def stage(i: int, text: str) -> None:
+        log(f"[{i}/6] {text} (at {time.perf_counter() - t0:.0f} s)")
+
+    stage(1, f"{model} on {res['device']}, {res['dtype']}")
     work = workload(model, device, dtype, quick, cache)
     res["workload"], res["train"] = work.info, work.train
     if work.accuracy:
@@ -367,19 +391,19 @@ def run(
         log(f"  checkpoint {work.train['checkpoint']} ({how})")
         log(f"  test accuracy after training (fp32): {work.train['accuracy_fp32']:.3f}")
 
-    log("[2/6] profiling inference and a training step (forward + backward)")
+    stage(2, "profiling inference and a training step (forward + backward)")
     found = groups(work)
-    before = _profiles(work, found, device, out, "before")
+    before = _profiles(work, work.model, found, device, out, "before")
     for phase, p in before.items():
         log(_indent(f"{phase} (trace {p.trace}):\n{prof.table(p)}"))
 
-    log("[3/6] shares f, fused speedups s at the model's shapes, Amdahl")
+    stage(3, "shares f, fused speedups s at the model's shapes, Amdahl")
     res["copy_gbps"] = copy_gbps(device, quick)
-    res["matmul_flops"] = matmul_flops(device, dtype, quick)
+    res["matmul_flops"] = matmul_flops(device, dtype)
     inf = before["inference"]
     prims = []
     for g in progress(found, "time fused modules"):
-        t = module_times(work, g, device, quick)
+        t = module_times(work, g, device)
         f = inf.labels.get(g.label, 0.0) / inf.step_us
         prims.append(
             {
@@ -396,40 +420,27 @@ def run(
     res["primitives"], res["predicted"], res["ceiling"] = prims, predicted, ceiling
     log(_indent(report.primitives_table(res)))
 
-    log("[4/6] fusedops.swap and checks")
-    lat: dict = {"eager_before": {}, "eager_after": {}}
-    for phase, step in progress(
-        [("inference", work.infer_step), ("training", work.train_step)], "time eager"
-    ):
-        lat["eager_before"][phase] = _latency(step, phase == "training", device, quick)
-    if with_compile:
-        lat["compile_before"] = {"inference": _compiled_latency(work, device, quick)}
-    ref = _fp64_reference(work)
-    before_out = work.infer_step()
-    acc_before = work.accuracy(work.model) if work.accuracy else None
-    swap_report = fusedops.swap(work.model)
+    stage(4, "fusedops.swap (of a copy: the original stays for comparison) and checks")
+    swapped = copy.deepcopy(work.model)
+    swap_report = fusedops.swap(swapped)
     res["swap"] = swap_report.to_dict()
     log(_indent(str(swap_report)))
-    check = compare(work, before_out, work.infer_step(), ref)
-    if acc_before:
-        acc_after = work.accuracy(work.model)
+    check = compare(work.infer_step(), work.infer_step(swapped), _fp64_reference(work))
+    if work.accuracy:
+        (acc_before, pred_before), (acc_after, pred_after) = map(
+            work.accuracy, (work.model, swapped)
+        )
         check |= {
-            "accuracy_before": acc_before[0],
-            "accuracy_after": acc_after[0],
-            "predictions_changed": int((acc_before[1] != acc_after[1]).sum()),
+            "accuracy_before": acc_before,
+            "accuracy_after": acc_after,
+            "predictions_changed": int((pred_before != pred_after).sum()),
         }
     res["check"] = check
     log(_indent(report.check_text(check)))
 
-    log("[5/6] re-profiling, before/after")
-    after = _profiles(work, found, device, out, "after")
-    for phase, step in progress(
-        [("inference", work.infer_step), ("training", work.train_step)], "time eager"
-    ):
-        lat["eager_after"][phase] = _latency(step, phase == "training", device, quick)
-    if with_compile:
-        lat["compile_after"] = {"inference": _compiled_latency(work, device, quick)}
-    res["latency_s"] = lat
+    stage(5, "re-profiling; before/after latencies" + (", torch.compile" if with_compile else ""))
+    after = _profiles(work, swapped, found, device, out, "after")
+    res["latency_s"] = lat = latencies(work, swapped, device, with_compile)
     res["measured"] = lat["eager_before"]["inference"] / lat["eager_after"]["inference"]
     res["profile"] = {
         "before": {k: v.to_dict() for k, v in before.items()},
@@ -448,7 +459,7 @@ def add_workload_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="predictor", choices=MODELS)
     ap.add_argument("--device", choices=("cuda", "mps", "cpu"), help="default: the best present")
     ap.add_argument("--dtype", choices=tuple(DTYPES), help="default: bf16 on CUDA, fp32 elsewhere")
-    ap.add_argument("--quick", action="store_true", help="a small model and few repetitions")
+    ap.add_argument("--quick", action="store_true", help="a small model: seconds on a CPU")
     ap.add_argument(
         "--cache", default="fusedops-demo/cache", help="checkpoint cache (default: %(default)s)"
     )

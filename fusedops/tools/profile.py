@@ -60,7 +60,7 @@ class Profile:
     trace: str | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self) | {"launch_kind": self.launch_kind}
 
     @property
     def launch_kind(self) -> str:

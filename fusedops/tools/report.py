@@ -78,7 +78,12 @@ def summary_rows(res: dict) -> list[list[str]]:
         b, a = lat["compile_before"]["inference"], lat["compile_after"]["inference"]
         rows.append(["inference, torch.compile, ms", _ms(b), _ms(a), f"{b / a:.3f}x"])
         rows.append(
-            ["eager swapped vs compiled original", "", "", f"{b / lat['eager_after']['inference']:.3f}x"]
+            [
+                "eager swapped vs compiled original",
+                "",
+                "",
+                f"{b / lat['eager_after']['inference']:.3f}x",
+            ]
         )
     rows.append(["inference speedup, predicted", "", "", f"{res['predicted']:.3f}x"])
     rows.append(["inference speedup, measured", "", "", f"{res['measured']:.3f}x"])
@@ -128,8 +133,12 @@ def plot_speedup(res: dict, path: Path) -> None:
     lat = res["latency_s"]
     bars = {"predicted": res["predicted"], "measured": res["measured"]}
     if "compile_before" in lat:
-        bars["compile\n(original)"] = lat["eager_before"]["inference"] / lat["compile_before"]["inference"]
-        bars["compile\n(swapped)"] = lat["eager_before"]["inference"] / lat["compile_after"]["inference"]
+        bars["compile\n(original)"] = (
+            lat["eager_before"]["inference"] / lat["compile_before"]["inference"]
+        )
+        bars["compile\n(swapped)"] = (
+            lat["eager_before"]["inference"] / lat["compile_after"]["inference"]
+        )
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.bar(list(bars), list(bars.values()), color=[f"C{i}" for i in range(len(bars))])
     for i, v in enumerate(bars.values()):
@@ -245,14 +254,14 @@ def markdown(res: dict, plots: list[str]) -> str:
             f"{_ms(lat['compile_after']['inference'])} ms.",
             "",
         ]
+    traces = ", ".join(
+        f"`{Path(res['profile'][when][phase]['trace']).name}`"
+        for when in ("before", "after")
+        for phase in ("inference", "training")
+    )
     lines += ["## Plots", "", *(f"![{p}]({p})" for p in plots), ""]
-    lines += ["Traces (chrome://tracing or ui.perfetto.dev): "]
-    lines += [
-        f"`{Path(res['profile'][w][ph]['trace']).name}`"
-        for w in ("before", "after")
-        for ph in ("inference", "training")
-    ]
-    return "\n".join(lines[:-4]) + "\n" + ", ".join(lines[-4:]) + "\n"
+    lines += [f"Chrome traces (chrome://tracing or Perfetto): {traces}.", ""]
+    return "\n".join(lines)
 
 
 def write(res: dict, out: Path) -> list[Path]:
