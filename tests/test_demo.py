@@ -14,10 +14,10 @@ from fusedops.tools import demo, predictor
 TINY = dataclasses.replace(predictor.QUICK, d_model=32, heads=2, depth=1, epochs=2)
 
 
-def test_demo_smoke(tmp_path, monkeypatch, capsys):
+def test_demo_smoke(device, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(predictor, "QUICK", TINY)
     out, cache = tmp_path / "out", tmp_path / "cache"
-    argv = ["--quick", "--device", "cpu", "--out", str(out), "--cache", str(cache), "--no-compile"]
+    argv = ["--quick", "--device", device, "--out", str(out), "--cache", str(cache), "--no-compile"]
     demo.main(argv)
     printed = capsys.readouterr().out
     for i in range(1, 7):
@@ -31,7 +31,8 @@ def test_demo_smoke(tmp_path, monkeypatch, capsys):
     assert all((out / p).read_bytes().startswith(b"\x89PNG") for p in plots)
 
     res = json.loads((out / "results.json").read_text())
-    assert res["model"] == "predictor" and res["device_type"] == "cpu" and res["quick"]
+    assert res["model"] == "predictor" and res["device_type"] == device and res["quick"]
+    assert res["dtype"] == ("bfloat16" if device == "cuda" else "float32")
     assert {p["kind"] for p in res["primitives"]} == {"layer_norm", "softmax", "mlp"}
     # one block: ln1, ln2 and the final norm share a shape; one softmax; one MLP
     assert sorted(p["count"] for p in res["primitives"]) == [1, 1, 3]
@@ -64,7 +65,7 @@ def test_demo_smoke(tmp_path, monkeypatch, capsys):
     assert math.isfinite(res["copy_gbps"]) and res["copy_gbps"] > 0
 
     # the checkpoint is cached: a second load does not train
-    model, acc, path, cached = predictor.load_or_train(TINY, torch.device("cpu"), cache)
+    model, acc, path, cached = predictor.load_or_train(TINY, torch.device(device), cache)
     assert cached and path.parent == cache and acc == res["train"]["accuracy_fp32"]
 
 

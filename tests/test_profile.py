@@ -195,8 +195,7 @@ def test_profile_cpu(tmp_path):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_profile_cuda(tmp_path):
-    p = _live("cuda", tmp_path)
+def test_profile_cuda(cuda_device, tmp_path):
+    p = _live(cuda_device, tmp_path)
     assert p.device == "gpu" and p.launches >= 2  # kernels seen and attributed
     assert p.peak_bytes > 0

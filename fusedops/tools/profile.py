@@ -301,7 +301,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     device, dtype = demo.resolve_device(args.device, args.dtype)
     out = demo.output_folder(args.out)
-    work = demo.workload(args.model, device, dtype, args.quick, out)
+    work = demo.workload(args.model, device, dtype, args.quick, Path(args.cache))
     for phase, step in (("inference", work.infer_step), ("training", work.train_step)):
         prof = profile(step, device, out / f"trace-{phase}.json", progress=demo.progress)
         print(f"\n{phase}: trace {prof.trace}\n{table(prof)}", flush=True)
