@@ -423,7 +423,7 @@ def run(
             }
             | t
         )
-    predicted, ceiling = prof.amdahl((min(p["f"], 1.0), p["s"]) for p in prims)
+    predicted, ceiling = prof.amdahl((p["f"], p["s"]) for p in prims)
     res["primitives"], res["predicted"], res["ceiling"] = prims, predicted, ceiling
     log(_indent(report.primitives_table(res)))
 
