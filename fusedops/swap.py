@@ -31,7 +31,6 @@ from fusedops import functional as F
 
 __all__ = ["FusedChain", "FusedSequential", "SwapReport", "SwapRow", "WeightDtypeRMSNorm", "swap"]
 
-_BACKEND_OF = {"cpu": "CPU", "cuda": "CUDA", "mps": "MPS"}
 _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
@@ -139,7 +138,8 @@ class _Steps:
                 x = F.fused_mlp(x, w1, b1, w2, b2, approximate)
             elif kind == "gelu":
                 pre = torch.nn.functional.linear(x, self._weight(names[0]))
-                x = F.bias_gelu(pre, self._modules[names[0]].bias, approximate)
+                # Under autocast pre has the autocast dtype, as the Linear's output would.
+                x = F.bias_gelu(pre, self._modules[names[0]].bias.to(pre.dtype), approximate)
             else:
                 for name in names:
                     x = self._modules[name](x)
@@ -177,16 +177,22 @@ def _active_dropout(module: torch.nn.Module) -> bool:
 def _unsupported(op: str, device: torch.device, dtype: torch.dtype) -> str | None:
     """Why fusedops can't run `op` on device with dtype, or None. The op itself is asked (a tiny
     call, once per op, device and dtype), so this is the kernels' own rule."""
-    backend = _BACKEND_OF.get(device.type)
-    if backend not in fusedops.build_info()["backends"]:
+    if (
+        device.type.upper() not in fusedops.build_info()["backends"]
+    ):  # dispatch keys: CPU, CUDA, MPS
         return f"this fusedops build has no {device.type} kernels"
     return _probe(op, device, dtype)
 
 
+def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
+    """fp32 CPU values for probes, from a private generator: swap leaves the caller's random
+    stream where it was."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
 @functools.cache
 def _probe(op: str, device: torch.device, dtype: torch.dtype) -> str | None:
-    x = torch.randn(2, 8, device=device, dtype=dtype)
-    w = torch.randn(8, device=device, dtype=dtype)
+    x, w = _randn(2, 8).to(device, dtype), _randn(8).to(device, dtype)
     calls = {
         "softmax": lambda: F.softmax(x, -1),
         "layer_norm": lambda: F.layer_norm(x, (8,), w, w),
@@ -226,7 +232,7 @@ def _conv1d_class() -> type | None:
 
 def _linear_layout(module: torch.nn.Module) -> str | None:
     """ "linear" (weight [out, in]), "conv1d" (weight [in, out]) or None."""
-    if _is(module, torch.nn.Linear):
+    if _is(module, torch.nn.Linear) and not torch.nn.parameter.is_lazy(module.weight):
         return "linear"
     conv1d = _conv1d_class()
     if conv1d is not None and type(module) is conv1d:
@@ -286,11 +292,11 @@ def _computes(module: torch.nn.Module, reference, shape) -> bool:
     with random parameters (a weight of ones would hide a formula such as Gemma's
     (1 + weight) * x / rms)."""
     probe = copy.deepcopy(module).to("cpu", torch.float32)
-    x = torch.randn(4, *shape) * 3
+    x = _randn(4, *shape) * 3
     try:
         with torch.no_grad():
-            for p in probe.parameters():
-                p.normal_()
+            for seed, p in enumerate(probe.parameters(), start=1):
+                p.copy_(_randn(*p.shape, seed=seed))
             return _close(probe(x), reference(probe, x))
     except Exception:  # noqa: BLE001  (a module that fails here is not one we can vouch for)
         return False
@@ -308,10 +314,12 @@ def _rms_norm_like(module: torch.nn.Module) -> float | None:
     """eps of a module shaped like LLaMA's RMSNorm (a name with RMSNorm, one 1-D weight, a float
     variance_epsilon or eps), else None. Whether it computes weight * x / rms is checked apart."""
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    weight = module._parameters.get("weight")
     shaped = (
         "rmsnorm" in type(module).__name__.lower()
         and set(module._parameters) == {"weight"}
-        and module.weight.dim() == 1
+        and weight is not None
+        and weight.dim() == 1
         and not module._modules
         and not module._buffers
         and isinstance(eps, float)
@@ -341,9 +349,13 @@ def _rebuilt(cls, original, params, **kwargs):
 
 
 def _hooked(modules) -> str | None:
+    """Why these (name, module) pairs can't be replaced or fused away: hooks, or a forward set on
+    the instance (as accelerate's device-map hooks do), would no longer run."""
     for name, module in modules:
         if any(getattr(module, h, None) for h in _HOOKS):
             return f"{name or 'it'} has hooks, which a replacement would not call"
+        if "forward" in module.__dict__:
+            return f"{name or 'it'} has its own forward set on the instance, which would not run"
     return None
 
 
@@ -525,10 +537,12 @@ def _step_at(children, names, i, opts) -> tuple[tuple, str | None, int]:
 
 def _plan_chain(module: torch.nn.Module, opts) -> _Plan | None:
     """A FusedChain / FusedSequential for a module holding Linear and activation children, or
-    None when it holds no such pair."""
+    None when it holds no such pair (or has no forward: ModuleList, ModuleDict)."""
     children = {n: c for n, c in module._modules.items() if c is not None}
-    if not any(map(_linear_layout, children.values())) or not any(
-        map(_is_activation, children.values())
+    if (
+        type(module).forward is torch.nn.Module.forward
+        or not any(map(_linear_layout, children.values()))
+        or not any(map(_is_activation, children.values()))
     ):
         return None
     if module._parameters or module._buffers:
