@@ -1,6 +1,6 @@
 """torch.profiler for a model step: top ops by self time, launches per step, peak memory, trace.
 
-    python -m fusedops.profile [--model predictor|gpt2|bert|vit] [--device cpu] [--quick]
+    python -m fusedops.profile [--model predictor|gpt2|bert|vit] [--device cpu] [--quick] [--swap]
 
 Everything is read from the Chrome trace torch.profiler exports (parse_trace), not from
 key_averages(): the trace's event categories and "External id" links are the same from torch 2.4
@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+import fusedops
 
 STEP = "fusedops.step"  # the record_function range around each profiled step
 LABEL = "fusedops.label::"  # prefix of labelled ranges
@@ -297,11 +299,14 @@ def main(argv=None) -> None:
         prog="python -m fusedops.profile", description=__doc__.splitlines()[0]
     )
     demo.add_workload_args(ap)
-    ap.add_argument("--out", default=None, help="output folder (default: a new one under .)")
+    ap.add_argument("--out", help="output folder (default: fusedops-demo/run-<UTC time>)")
+    ap.add_argument("--swap", action="store_true", help="profile the model after fusedops.swap")
     args = ap.parse_args(argv)
     device, dtype = demo.resolve_device(args.device, args.dtype)
     out = demo.output_folder(args.out)
     work = demo.workload(args.model, device, dtype, args.quick, Path(args.cache))
+    if args.swap:
+        print(fusedops.swap(work.model), flush=True)
     for phase, step in (("inference", work.infer_step), ("training", work.train_step)):
         prof = profile(step, device, out / f"trace-{phase}.json", progress=demo.progress)
         print(f"\n{phase}: trace {prof.trace}\n{table(prof)}", flush=True)
