@@ -127,11 +127,17 @@ def parse_trace(trace: str | Path | dict, device_type: str = "cpu") -> Profile:
         and any(a - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= b + 1e-3 for a, b in spans)
     ]
     ops = [e for e in in_step if str(e["cat"]).lower() == "cpu_op"]
+    parent_op = {
+        id(e): next((p for p in parents[id(e)] if str(p["cat"]).lower() == "cpu_op"), None)
+        for e in ops
+    }
     self_us: dict[str, float] = collections.Counter()
     calls: dict[str, int] = collections.Counter()
     labels: dict[str, float] = collections.Counter()
     for e in ops:
-        calls[e["name"]] += 1
+        # An op that redispatches to itself (autograd kernel -> backend kernel) is one call.
+        if parent_op[id(e)] is None or parent_op[id(e)]["name"] != e["name"]:
+            calls[e["name"]] += 1
 
     def label_of(e: dict) -> str | None:
         chain = [e, *parents[id(e)]]
@@ -154,8 +160,7 @@ def parse_trace(trace: str | Path | dict, device_type: str = "cpu") -> Profile:
     else:
         children = collections.Counter()
         for e in ops:
-            parent = next((p for p in parents[id(e)] if str(p["cat"]).lower() == "cpu_op"), None)
-            if parent is not None:
+            if (parent := parent_op[id(e)]) is not None:
                 children[id(parent)] += e["dur"]
         for e in ops:
             self_us[e["name"]] += e["dur"] - children[id(e)]
@@ -163,9 +168,7 @@ def parse_trace(trace: str | Path | dict, device_type: str = "cpu") -> Profile:
             if e["name"].startswith(LABEL):  # outermost labelled range only: no double count
                 if not any(p["name"].startswith(LABEL) for p in parents[id(e)]):
                     labels[e["name"][len(LABEL) :]] += e["dur"]
-        launches = sum(
-            not any(str(p["cat"]).lower() == "cpu_op" for p in parents[id(e)]) for e in ops
-        )
+        launches = sum(parent_op[id(e)] is None for e in ops)
         kind, step_total = "cpu", sum(s["dur"] for s in steps)
     n = len(steps)
     table = [OpTime(name, us / n, calls[name] / n) for name, us in self_us.items()]
