@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import copy
+import dataclasses
 import datetime
 import functools
 import math
@@ -30,7 +31,6 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -65,7 +65,7 @@ def progress(iterable: Iterable, desc: str) -> Iterable:
 # Workloads
 
 
-@dataclass
+@dataclasses.dataclass
 class Workload:
     """A model, one batch for it and what to do with its output.
 
@@ -73,13 +73,12 @@ class Workload:
     accuracy: test-set accuracy and predictions of a model (the predictor only).
     """
 
-    name: str
     model: torch.nn.Module
     inputs: dict
     targets: torch.Tensor
     info: dict
     accuracy: Callable[[torch.nn.Module], tuple[float, torch.Tensor]] | None = None
-    train: dict = field(default_factory=dict)
+    train: dict = dataclasses.field(default_factory=dict)
 
     def forward(self, model: torch.nn.Module | None = None, inputs=None) -> torch.Tensor:
         model = self.model if model is None else model
@@ -107,14 +106,15 @@ def _predictor(device, dtype, quick: bool, cache: Path) -> Workload:
     model, trained_acc, path, cached = predictor.load_or_train(cfg, device, cache, progress)
     seconds = time.perf_counter() - t0
     model = model.to(dtype)
-    _, _, xte, yte = (t.to(device=device) for t in predictor.digits(cfg.image))
+    _, _, xte, yte = (t.to(device) for t in predictor.digits(cfg.image))
     xte = xte.to(dtype)
 
     def accuracy(m: torch.nn.Module):
-        return predictor.accuracy(m, xte, yte.to(device))
+        return predictor.accuracy(m, xte, yte)
 
     g = torch.Generator().manual_seed(1)
-    idx = torch.randint(len(yte), (cfg.batch,), generator=g)  # the timed batch, from the test set
+    # the timed batch, from the test set
+    idx = torch.randint(len(yte), (cfg.batch,), generator=g).to(device)
     train = {
         "checkpoint": str(path),
         "cached": cached,
@@ -122,10 +122,8 @@ def _predictor(device, dtype, quick: bool, cache: Path) -> Workload:
         "accuracy_fp32": trained_acc,
         "test_images": len(yte),
     }
-    info = {"config": cfg.__dict__ | {"tokens": cfg.tokens}, "batch": cfg.batch}
-    return Workload(
-        "predictor", model, {"images": xte[idx]}, yte[idx].to(device), info, accuracy, train
-    )
+    info = {"config": dataclasses.asdict(cfg) | {"tokens": cfg.tokens}}
+    return Workload(model, {"images": xte[idx]}, yte[idx], info, accuracy, train)
 
 
 def _hf(name: str, device, dtype, quick: bool) -> Workload:
@@ -166,7 +164,7 @@ def _hf(name: str, device, dtype, quick: bool) -> Workload:
     model = model_cls(cfg).to(device=device, dtype=dtype).eval()
     inputs = {k: v.to(device) for k, v in inputs.items()}
     info = {"config": cfg.to_diff_dict(), "inputs": {k: list(v.shape) for k, v in inputs.items()}}
-    return Workload(name, model, inputs, targets.to(device), info)
+    return Workload(model, inputs, targets.to(device), info)
 
 
 def workload(name: str, device, dtype, quick: bool, cache: Path) -> Workload:
@@ -194,7 +192,7 @@ def kind_of(replacement: str) -> str:
     raise ValueError(f"kind_of: unknown replacement {replacement!r}")
 
 
-@dataclass
+@dataclasses.dataclass
 class Group:
     """Modules swap replaces by the same kind of fused module, seen with the same input."""
 
