@@ -114,8 +114,10 @@ def test_trace_without_steps_is_an_error():
 # GPU-shaped events: kernels belong to the op whose External id they carry
 
 
-def _x(cat, name, ts, dur, ext=None, tid=1):
+def _x(cat, name, ts, dur, ext=None, tid=1, correlation=None):
     args = {} if ext is None else {"External id": ext}
+    if correlation is not None:
+        args["correlation"] = correlation
     return {
         "ph": "X",
         "cat": cat,
@@ -141,17 +143,20 @@ def test_gpu_events_attributed_by_external_id():
         _x("kernel", "gemm_a", 41, 30, ext=6, tid=7),
         _x("kernel", "gemm_b", 72, 3, ext=6, tid=7),
         _x("gpu_memset", "Memset", 80, 2, ext=6, tid=7),
+        # no op id on the kernel: found through its launch call, inside aten::addmm
+        _x("cuda_runtime", "cudaLaunchKernel", 45, 1, correlation=99),
+        _x("kernel", "gemm_c", 83, 4, tid=7, correlation=99),
         # the backward on autograd's thread, inside the step's time span
         _x("cpu_op", "aten::native_layer_norm_backward", 60, 10, ext=8, tid=2),
         _x("kernel", "ln_bwd_kernel", 90, 6, ext=8, tid=7),
     ]
     p = parse_trace({"traceEvents": events}, "cuda")
     assert p.device == "gpu" and p.launch_kind == "kernel launches"
-    assert p.steps == 1 and p.launches == 4
-    assert p.step_us == pytest.approx(7 + 30 + 3 + 2 + 6)
+    assert p.steps == 1 and p.launches == 5
+    assert p.step_us == pytest.approx(7 + 30 + 3 + 2 + 4 + 6)
     self_us = {o.name: o.self_us for o in p.ops}
     assert self_us == {
-        "aten::addmm": 35,
+        "aten::addmm": 39,
         "aten::native_layer_norm": 7,
         "aten::native_layer_norm_backward": 6,
     }

@@ -9,7 +9,8 @@ self_device_time_total, is_cuda -> device_type, ...). One parser serves live run
 traces alike.
 
 - GPU: an op's self device time is the duration of the kernels (and memcpy/memset) it launched
-  itself; a kernel belongs to the cpu_op whose "External id" it carries. Step time is the busy
+  itself; a kernel belongs to the cpu_op whose "External id" it carries or, lacking one, to the
+  innermost cpu_op around the launch call its "correlation" names. Step time is the busy
   device time per step. Launches are kernels per step.
 - CPU (and MPS, whose kernels the profiler does not see): an op's self time is its duration less
   that of the ops nested in it; step time is the wall time of the step's range; "launches" are
@@ -114,10 +115,15 @@ def parse_trace(trace: str | Path | dict, device_type: str = "cpu") -> Profile:
         for e in events
         if e.get("ph") == "X" and str(e.get("cat", "")).lower() in _DEVICE_CATS and "dur" in e
     ]
+    launches_on_host = [
+        e
+        for e in events
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver")
+    ]
     steps = [e for e in host if e["name"] == STEP]
     if not steps:
         raise ValueError(f"parse_trace: no '{STEP}' range in the trace: nothing to measure")
-    parents = _nest(host)
+    parents = _nest(host + launches_on_host)
     # By time, not by nesting: the backward pass may run on another thread (autograd's).
     spans = [(s["ts"], s["ts"] + s["dur"]) for s in steps]
     in_step = [
@@ -145,10 +151,19 @@ def parse_trace(trace: str | Path | dict, device_type: str = "cpu") -> Profile:
 
     if device:
         by_ext = {e["args"]["External id"]: e for e in ops if "External id" in e.get("args", {})}
+        by_correlation = {
+            e["args"]["correlation"]: e for e in launches_on_host if "correlation" in e["args"]
+        }
+        in_steps = {id(e) for e in ops}
         busy = 0.0
         launches = 0
         for k in device:
-            op = by_ext.get(k.get("args", {}).get("External id"))
+            args = k.get("args", {})
+            op = by_ext.get(args.get("External id"))
+            if op is None and (call := by_correlation.get(args.get("correlation"))) is not None:
+                # No op id on the kernel: the op is the innermost one around its launch call.
+                op = next((p for p in parents[id(call)] if str(p["cat"]).lower() == "cpu_op"), None)
+                op = op if op is not None and id(op) in in_steps else None
             if op is None:  # outside the steps (warm-up, profiler start) or unattributed
                 continue
             busy += k["dur"]
