@@ -1,5 +1,4 @@
-"""The main job: profile a model, predict the gain of fused kernels (Amdahl), swap, verify,
-re-profile, and write a report.
+"""The main job: profile a model, predict the gain of fused kernels, swap, verify, re-profile.
 
     python -m fusedops.demo [--model predictor|gpt2|bert|vit] [--device cuda|mps|cpu]
         [--dtype bf16|fp16|fp32] [--quick] [--out DIR] [--cache DIR] [--no-compile]
@@ -461,7 +460,13 @@ def run(
 
 def add_workload_args(ap: argparse.ArgumentParser) -> None:
     """--model, --device, --dtype, --quick, --cache: shared with python -m fusedops.profile."""
-    ap.add_argument("--model", default="predictor", choices=MODELS)
+    ap.add_argument(
+        "--model",
+        default="predictor",
+        choices=MODELS,
+        help="predictor (default): trained here on scikit-learn's digits; gpt2, bert, vit: "
+        "Hugging Face configs with random weights (needs transformers)",
+    )
     ap.add_argument("--device", choices=("cuda", "mps", "cpu"), help="default: the best present")
     ap.add_argument("--dtype", choices=tuple(DTYPES), help="default: bf16 on CUDA, fp32 elsewhere")
     ap.add_argument("--quick", action="store_true", help="a small model: seconds on a CPU")
