@@ -6,9 +6,10 @@
 #                            FUSEDOPS_METAL, TORCH_CUDA_ARCH_LIST, MAX_JOBS)
 # Package lists mirror pyproject.toml's optional dependencies.
 FUSEDOPS_BUILD_DEPS=("setuptools>=64" wheel ninja)
-FUSEDOPS_TEST_DEPS=(pytest numpy expecttest hypothesis)
+FUSEDOPS_DEMO_DEPS=(scikit-learn tqdm matplotlib)
+# The tests run the demo (tests/test_demo.py), so they need its packages too.
+FUSEDOPS_TEST_DEPS=(pytest numpy expecttest hypothesis "${FUSEDOPS_DEMO_DEPS[@]}")
 FUSEDOPS_BENCH_DEPS=(pytest-benchmark matplotlib)
-FUSEDOPS_DEMO_DEPS=(matplotlib scikit-learn rich)
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 FUSEDOPS_ROOT=$PWD
