@@ -6,14 +6,26 @@
 - A device that is present but has no fusedops kernels in this build fails loudly: that is a
   build problem (e.g. built with FUSEDOPS_CUDA=0), not a reason to skip.
 - Every test starts from torch.manual_seed(<hash of its id>): reproducible, and different per test.
+- Hypothesis profiles (tests/test_properties.py): "ci", the default, a small example budget;
+  `--hypothesis-profile gpu` a large one for the GPU machine. Examples are derandomized in "ci"
+  (the same examples every run: CI is red or green by the code, not by luck).
 """
 
 import zlib
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 import fusedops
+
+_PROFILE = {
+    "deadline": None,  # kernels' first calls (and compiles) are slow; budgets count examples
+    "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+}
+settings.register_profile("ci", max_examples=15, derandomize=True, **_PROFILE)
+settings.register_profile("gpu", max_examples=400, **_PROFILE)
+settings.load_profile("ci")
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_MPS = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
