@@ -6,11 +6,20 @@
 - A device that is present but has no fusedops kernels in this build fails loudly: that is a
   build problem (e.g. built with FUSEDOPS_CUDA=0), not a reason to skip.
 - Every test starts from torch.manual_seed(<hash of its id>): reproducible, and different per test.
+- A test marked `bigmem` needs most of the GPU's memory: it holds a file lock shared by every
+  process on the machine while it runs, so pytest-xdist workers (`pytest -n auto`) run such tests
+  one at a time, and it hands its cached memory back before the next one starts. (xdist's own
+  `--dist loadgroup` would do the scheduling part, but with pytest >= 9 its group marks are
+  silently ignored: it renames items through an attribute pytest no longer reads.)
 - Hypothesis profiles (tests/test_properties.py): "ci", the default, a small example budget;
   `--hypothesis-profile gpu` a large one for the GPU machine. Examples are derandomized in "ci"
   (the same examples every run: CI is red or green by the code, not by luck).
 """
 
+import fcntl
+import gc
+import os
+import tempfile
 import zlib
 
 import pytest
@@ -77,3 +86,19 @@ def pytest_runtest_setup(item):
 def _seed(request):
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
     yield
+
+
+@pytest.fixture(autouse=True)
+def _bigmem_one_at_a_time(request):
+    if request.node.get_closest_marker("bigmem") is None:
+        yield
+        return
+    with open(os.path.join(tempfile.gettempdir(), "fusedops-tests-bigmem.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            gc.collect()
+            if HAS_CUDA:
+                torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)
