@@ -173,14 +173,16 @@ def softmax_backward_scale(
 
 def _norm_terms(x, normalized_shape, eps, rms):
     """(dims, fp64 x, rstd, xs) for the norm scales: xhat_i = (x_i - mean) * rstd is computed to
-    within rounding of xs_i = (|x_i| + |mean|) * rstd (x - mean cancels); rms_norm: mean = 0.
+    within rounding of xs_i = (|x_i| + mean|x|) * rstd: x - mean cancels, and the mean's own
+    rounding is that of the sum of |x| it came from (rms_norm: no mean, xs_i = |xhat_i|).
     eps=None is rms_norm's default (fp32's eps)."""
     dims = tuple(range(-len(normalized_shape), 0))
     x64 = _as64(x)
     eps = torch.finfo(torch.float32).eps if eps is None else eps
     mean = torch.zeros_like(x64) if rms else x64.mean(dims, keepdim=True).expand_as(x64)
     rstd = ((x64 - mean).square().mean(dims, keepdim=True) + eps).rsqrt()
-    return dims, x64, rstd, (x64.abs() + mean.abs()) * rstd
+    mean_abs = 0.0 if rms else x64.abs().mean(dims, keepdim=True)
+    return dims, x64, rstd, (x64.abs() + mean_abs) * rstd
 
 
 def _param64(p, normalized_shape):
