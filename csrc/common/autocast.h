@@ -8,6 +8,7 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 namespace fusedops {
 
@@ -25,10 +26,17 @@ struct AutocastExclude {
       at::autocast::get_autocast_dispatch_key_from_device_type(D)};
 };
 
-// Registers `register_fn<D>(m)` under the autocast key of each device fusedops runs on.
-#define FUSEDOPS_AUTOCAST_IMPL(register_fn)                                                \
-  TORCH_LIBRARY_IMPL(fusedops, AutocastCPU, m) { register_fn<c10::DeviceType::CPU>(m); }   \
-  TORCH_LIBRARY_IMPL(fusedops, AutocastCUDA, m) { register_fn<c10::DeviceType::CUDA>(m); } \
+// Registers `register_fn<D>(m)` under the autocast key of each device fusedops runs on (torch 2.4
+// has no MPS autocast key).
+#define FUSEDOPS_AUTOCAST_IMPL_CPU_CUDA(register_fn)                                     \
+  TORCH_LIBRARY_IMPL(fusedops, AutocastCPU, m) { register_fn<c10::DeviceType::CPU>(m); } \
+  TORCH_LIBRARY_IMPL(fusedops, AutocastCUDA, m) { register_fn<c10::DeviceType::CUDA>(m); }
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5
+#define FUSEDOPS_AUTOCAST_IMPL(register_fn)    \
+  FUSEDOPS_AUTOCAST_IMPL_CPU_CUDA(register_fn) \
   TORCH_LIBRARY_IMPL(fusedops, AutocastMPS, m) { register_fn<c10::DeviceType::MPS>(m); }
+#else
+#define FUSEDOPS_AUTOCAST_IMPL(register_fn) FUSEDOPS_AUTOCAST_IMPL_CPU_CUDA(register_fn)
+#endif
 
 }  // namespace fusedops
