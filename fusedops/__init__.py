@@ -13,6 +13,7 @@ from fusedops.functional import (
     softmax,
 )
 from fusedops.nn import FusedMLP
+from fusedops.swap import swap
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,7 @@ __all__ = [
     "nn",
     "rms_norm",
     "softmax",
+    "swap",
 ]
 
 

@@ -7,6 +7,8 @@
 //            dW1 and dx plain GEMMs. (DGELU_BGRAD, which also sums db1 in the epilogue, made the
 //            whole training step 13-24% slower on an H200 at T = 8192, D = 768-4096: not used.)
 // Torch tensors are row-major, cuBLASLt column-major: y = x @ w.T is computed as y.T = w @ x.T.
+// Weights are read in place as nn.Linear's row-major [out, in] or as the column-major .t() view of
+// a weight stored [in, out] (GPT-2's Conv1D): either way no copy per call.
 // A GEMM the epilogue can't take (alignment, dtype, no algorithm) falls back to plain cuBLASLt or
 // ATen plus the bias_gelu kernels; it never fails for that reason. fp32 blocks never use the
 // GELU epilogues: their GELU is not fp32-accurate (on an H200, dW1 of a 40x24 fp32 block was off
@@ -35,22 +37,40 @@ bool gelu_epilogue_ok(const MlpProblem& p, const at::Tensor& x) {
   return p.approx == GeluApprox::kTanh && x.scalar_type() != at::kFloat;
 }
 
-// A row-major contiguous [rows, cols] matrix; to cuBLASLt it is column-major [cols, rows], ld=cols.
-struct RowMajor {
+// A GEMM operand: a row-major contiguous [rows, cols] matrix (to cuBLASLt column-major
+// [cols, rows], ld=cols), used as op(m) = m.T when t.
+struct Operand {
   const void* ptr;
   int64_t rows, cols;
+  bool t;
 };
 
-RowMajor row_major(const at::Tensor& t) { return {t.const_data_ptr(), t.size(0), t.size(1)}; }
+// m [rows, cols] is the .t() view of a contiguous [cols, rows] matrix: m.t().is_contiguous(),
+// without making the view (host time per call).
+bool column_major(const at::Tensor& m) {
+  return (m.size(0) == 1 || m.stride(0) == 1) && (m.size(1) == 1 || m.stride(1) == m.size(0));
+}
 
-// d [M, N] = op(a) @ op(b) in row-major terms, op(a) = a.T when a_t. Epilogue operands:
+// op(m) = t ? m.T : m for a row-major or a column-major m. A column-major m (e.g. the .t() view of
+// a weight stored [in, out]) is read in place as its row-major storage with t flipped: no copy.
+Operand operand(const at::Tensor& m, bool t) {
+  if (m.is_contiguous()) return {m.const_data_ptr(), m.size(0), m.size(1), t};
+  TORCH_INTERNAL_ASSERT(column_major(m));
+  return {m.const_data_ptr(), m.size(1), m.size(0), !t};
+}
+
+// A weight as the GEMMs read it: row-major (nn.Linear's [out, in]) and column-major (the .t()
+// view of a weight stored [in, out]) in place; any other strides copied.
+at::Tensor gemm_layout(const at::Tensor& w) {
+  return w.is_contiguous() || column_major(w) ? w : w.contiguous();
+}
+
+// d [M, N] = op(a) @ op(b) in row-major terms. Epilogue operands:
 //   bias: BIAS reads it, BGRADB writes it; [N] (BGRADB: [M])
 //   aux:  GELU_AUX* writes the pre-activation, DGELU* reads it; [M, N] row-major (ld N)
 struct LtGemm {
-  RowMajor a;
-  bool a_t;
-  RowMajor b;
-  bool b_t;
+  Operand a;
+  Operand b;
   at::Tensor& d;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
@@ -140,10 +160,10 @@ bool lt_gemm(const LtGemm& g) {
       return false;
   }
   const int64_t m_rows = g.d.size(0), n_cols = g.d.size(1);
-  const int64_t k = g.a_t ? g.a.rows : g.a.cols;
-  TORCH_INTERNAL_ASSERT((g.a_t ? g.a.cols : g.a.rows) == m_rows &&
-                        (g.b_t ? g.b.rows : g.b.cols) == n_cols &&
-                        (g.b_t ? g.b.cols : g.b.rows) == k);
+  const int64_t k = g.a.t ? g.a.rows : g.a.cols;
+  TORCH_INTERNAL_ASSERT((g.a.t ? g.a.cols : g.a.rows) == m_rows &&
+                        (g.b.t ? g.b.rows : g.b.cols) == n_cols &&
+                        (g.b.t ? g.b.cols : g.b.rows) == k);
   if (m_rows == 0 || n_cols == 0 || k == 0) return false;
   // 16-byte aligned pointers and leading dimensions; the GELU aux ld must be a multiple of 8.
   const int64_t esize = static_cast<int64_t>(at::elementSize(dtype));
@@ -157,9 +177,9 @@ bool lt_gemm(const LtGemm& g) {
   MatmulDesc desc;
   FUSEDOPS_LT_TRY(cublasLtMatmulDescCreate(&desc.h, compute, CUDA_R_32F));
   FUSEDOPS_LT_TRY(
-      desc.set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.b_t ? CUBLAS_OP_T : CUBLAS_OP_N)));
+      desc.set(CUBLASLT_MATMUL_DESC_TRANSA, int32_t(g.b.t ? CUBLAS_OP_T : CUBLAS_OP_N)));
   FUSEDOPS_LT_TRY(
-      desc.set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.a_t ? CUBLAS_OP_T : CUBLAS_OP_N)));
+      desc.set(CUBLASLT_MATMUL_DESC_TRANSB, int32_t(g.a.t ? CUBLAS_OP_T : CUBLAS_OP_N)));
   FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, uint32_t(g.epilogue)));
   if (g.bias != nullptr) FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias));
   if (g.aux != nullptr) {
@@ -213,14 +233,14 @@ bool lt_gemm(const LtGemm& g) {
 
 // d = op(a) @ op(b): cuBLASLt, else ATen.
 void gemm_into(at::Tensor& d, const at::Tensor& a, bool a_t, const at::Tensor& b, bool b_t) {
-  if (lt_gemm({row_major(a), a_t, row_major(b), b_t, d})) return;
+  if (lt_gemm({operand(a, a_t), operand(b, b_t), d})) return;
   at::mm_out(d, a_t ? a.t() : a, b_t ? b.t() : b);
 }
 
 // d = a @ w.T + bias (nn.Linear): cuBLASLt with the BIAS epilogue, else ATen.
 void linear_into(at::Tensor& d, const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias) {
   if (!bias.defined()) return gemm_into(d, a, false, w, true);
-  if (lt_gemm({row_major(a), false, row_major(w), true, d, CUBLASLT_EPILOGUE_BIAS,
+  if (lt_gemm({operand(a, false), operand(w, true), d, CUBLASLT_EPILOGUE_BIAS,
                bias.const_data_ptr()})) {
     return;
   }
@@ -236,7 +256,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(const at::Tensor& x, cons
   const MlpProblem p = check_mlp("fused_mlp", x, w1, b1_opt, w2, b2_opt, approximate);
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x2 = x.reshape({p.rows, p.in}).contiguous();
-  const at::Tensor w1c = w1.contiguous(), w2c = w2.contiguous();
+  const at::Tensor w1c = gemm_layout(w1), w2c = gemm_layout(w2);
   const at::Tensor b1 = contiguous_or_undefined(b1_opt), b2 = contiguous_or_undefined(b2_opt);
   const auto opts = x.options();
 
@@ -248,7 +268,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(const at::Tensor& x, cons
     const cublasLtEpilogue_t epilogue =
         b1.defined() ? (save_pre ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS)
                      : (save_pre ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU);
-    fused = lt_gemm({row_major(x2), false, row_major(w1c), true, act, epilogue,
+    fused = lt_gemm({operand(x2, false), operand(w1c, true), act, epilogue,
                      b1.defined() ? b1.const_data_ptr() : nullptr,
                      save_pre ? pre.const_data_ptr() : nullptr});
   }
@@ -271,7 +291,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor dy2 = grad_out.reshape({p.rows, p.out}).contiguous();
   const at::Tensor x2 = x.reshape({p.rows, p.in}).contiguous();
-  const at::Tensor w1c = w1.contiguous(), w2c = w2.contiguous();
+  const at::Tensor w1c = gemm_layout(w1), w2c = gemm_layout(w2);
   const at::Tensor pre2 = pre.reshape({p.rows, p.hidden}).contiguous();
   const auto opts = x.options();
   std::array<at::Tensor, 5> g;  // dx, dw1, db1, dw2, db2
@@ -285,7 +305,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     bool fused = false;
     if (mask[4]) {
       g[4] = at::empty({p.out}, opts);
-      fused = lt_gemm({row_major(dy2), true, row_major(act2), false, g[3], CUBLASLT_EPILOGUE_BGRADB,
+      fused = lt_gemm({operand(dy2, true), operand(act2, false), g[3], CUBLASLT_EPILOGUE_BGRADB,
                        g[4].const_data_ptr()});
     }
     if (!fused) {
@@ -302,7 +322,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     if (gelu_epilogue_ok(p, x)) {
       // dpre = (dy @ w2) * gelu_tanh'(pre) in the GEMM's epilogue.
       dpre = at::empty({p.rows, p.hidden}, opts);
-      fused = lt_gemm({row_major(dy2), false, row_major(w2c), false, dpre, CUBLASLT_EPILOGUE_DGELU,
+      fused = lt_gemm({operand(dy2, false), operand(w2c, false), dpre, CUBLASLT_EPILOGUE_DGELU,
                        nullptr, pre2.const_data_ptr()});
       if (fused && mask[2]) db1 = dpre.sum(0);
     }
