@@ -65,7 +65,7 @@ class BiasGELU(torch.nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         bias = self.bias
-        if torch.is_autocast_enabled(input.device.type):
+        if torch.is_autocast_enabled(self.bias.device.type):
             # This is the bias of the Linear before: autocast runs that Linear, bias included, in
             # the input's dtype, so the output keeps it (as Linear + GELU) instead of promoting.
             bias = bias.to(input.dtype)

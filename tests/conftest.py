@@ -18,6 +18,7 @@
 
 import fcntl
 import gc
+import importlib
 import os
 import tempfile
 import zlib
@@ -34,7 +35,12 @@ _PROFILE = {
 }
 settings.register_profile("ci", max_examples=15, derandomize=True, **_PROFILE)
 settings.register_profile("gpu", max_examples=400, **_PROFILE)
+# torch's test internals (test_opinfo imports op_db) load a hypothesis profile of their own when
+# first imported, and @given binds the profile current at its import: import them here first, so
+# that ours is the one loaded (--hypothesis-profile, applied after conftest, still wins).
+importlib.import_module("torch.testing._internal.common_utils")
 settings.load_profile("ci")
+
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_MPS = hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
