@@ -33,7 +33,7 @@ _PROFILE = {
     "deadline": None,  # kernels' first calls (and compiles) are slow; budgets count examples
     "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 }
-settings.register_profile("ci", max_examples=15, derandomize=True, **_PROFILE)
+settings.register_profile("ci", max_examples=60, derandomize=True, **_PROFILE)
 settings.register_profile("gpu", max_examples=400, **_PROFILE)
 # torch's test internals (test_opinfo imports op_db) load a hypothesis profile of their own when
 # first imported, and @given binds the profile current at its import: import them here first, so
