@@ -19,13 +19,13 @@ def _wrap_dim(op: str, dim: int, ndim: int) -> int:
 
 @torch.library.register_fake("fusedops::softmax_fwd")
 def _softmax_fwd_fake(input, dim, log):
-    _wrap_dim("softmax", dim, input.dim())
+    _wrap_dim("log_softmax" if log else "softmax", dim, input.dim())
     return torch.empty_like(input, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("fusedops::softmax_bwd")
 def _softmax_bwd_fake(grad_output, output, dim, log):
-    _wrap_dim("softmax_backward", dim, output.dim())
+    _wrap_dim("log_softmax_backward" if log else "softmax_backward", dim, output.dim())
     torch._check(grad_output.shape == output.shape, lambda: "grad_output and output shapes differ")
     return torch.empty_like(output, memory_format=torch.contiguous_format)
 

@@ -9,19 +9,57 @@ from fusedops._ops import ops
 __all__ = ["bias_gelu", "fused_mlp", "layer_norm", "log_softmax", "rms_norm", "softmax"]
 
 
+# Python-level argument types: the binding would turn None into an undefined tensor (an error
+# that names no function) and its own type errors name the schema, not the function called.
+# Values (dtype, shape, device, dim, eps) are checked in C++, where every caller passes.
+
+
+def _tensor(op: str, arg: str, value) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"fusedops.{op}: {arg} must be a Tensor, got {type(value).__name__}")
+
+
+def _optional_tensor(op: str, arg: str, value) -> None:
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"fusedops.{op}: {arg} must be a Tensor or None, got {type(value).__name__}"
+        )
+
+
+def _int(op: str, arg: str, value) -> None:
+    if not isinstance(value, (int, torch.SymInt)) or isinstance(value, bool):
+        raise TypeError(f"fusedops.{op}: {arg} must be an int, got {value!r}")
+
+
+def _approximate(op: str, value) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"fusedops.{op}: approximate must be 'none' or 'tanh', got {value!r}")
+
+
 def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """softmax(input, dim) as torch.softmax, fused: one read of input, one write of the result."""
+    _tensor("softmax", "input", input)
+    _int("softmax", "dim", dim)
     return ops.softmax_fwd.default(input, dim, False)
 
 
 def log_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """log_softmax(input, dim) as torch.log_softmax, fused like softmax."""
+    _tensor("log_softmax", "input", input)
+    _int("log_softmax", "dim", dim)
     return ops.softmax_fwd.default(input, dim, True)
 
 
-def _shape(normalized_shape: int | Sequence[int]) -> list[int]:
-    if isinstance(normalized_shape, int):
+def _shape(op: str, normalized_shape: int | Sequence[int]) -> list[int]:
+    if isinstance(normalized_shape, (int, torch.SymInt)):
         return [normalized_shape]
+    if not isinstance(normalized_shape, Sequence) or not all(
+        isinstance(s, (int, torch.SymInt)) for s in normalized_shape
+    ):
+        raise TypeError(
+            f"fusedops.{op}: normalized_shape must be an int or a sequence of ints, "
+            f"got {normalized_shape!r}"
+        )
     return list(normalized_shape)
 
 
@@ -34,7 +72,11 @@ def layer_norm(
 ) -> torch.Tensor:
     """layer_norm as torch.nn.functional.layer_norm, fused: one read of input, one write of the
     result; fp32 statistics. weight/bias may be fp32 for fp16/bf16 input."""
-    return ops.layer_norm_fwd.default(input, _shape(normalized_shape), weight, bias, eps)[0]
+    _tensor("layer_norm", "input", input)
+    _optional_tensor("layer_norm", "weight", weight)
+    _optional_tensor("layer_norm", "bias", bias)
+    shape = _shape("layer_norm", normalized_shape)
+    return ops.layer_norm_fwd.default(input, shape, weight, bias, eps)[0]
 
 
 def rms_norm(
@@ -45,7 +87,9 @@ def rms_norm(
 ) -> torch.Tensor:
     """rms_norm as torch.nn.functional.rms_norm, fused like layer_norm. eps=None is torch's
     default: the epsilon of the accumulation type (fp32 for fp16/bf16/fp32 input)."""
-    return ops.rms_norm_fwd.default(input, _shape(normalized_shape), weight, eps)[0]
+    _tensor("rms_norm", "input", input)
+    _optional_tensor("rms_norm", "weight", weight)
+    return ops.rms_norm_fwd.default(input, _shape("rms_norm", normalized_shape), weight, eps)[0]
 
 
 def bias_gelu(input: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
@@ -53,6 +97,9 @@ def bias_gelu(input: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
 
     bias has shape [input.size(-1)]. approximate: "none" (exact, erf) or "tanh", as torch.
     """
+    _tensor("bias_gelu", "input", input)
+    _tensor("bias_gelu", "bias", bias)
+    _approximate("bias_gelu", approximate)
     return ops.bias_gelu_fwd.default(input, bias, approximate)
 
 
@@ -71,6 +118,11 @@ def fused_mlp(
     recompute_activation=True keeps only the pre-activation for the backward and recomputes
     the GELU output there: less activation memory for one extra elementwise pass.
     """
+    for arg, value in (("x", x), ("w1", w1), ("w2", w2)):
+        _tensor("fused_mlp", arg, value)
+    _optional_tensor("fused_mlp", "b1", b1)
+    _optional_tensor("fused_mlp", "b2", b2)
+    _approximate("fused_mlp", approximate)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, w1, b1, w2, b2)
     )

@@ -64,7 +64,12 @@ class BiasGELU(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.zeros(num_features, device=device, dtype=dtype))
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return F.bias_gelu(input, self.bias, self.approximate)
+        bias = self.bias
+        if torch.is_autocast_enabled(self.bias.device.type):
+            # This is the bias of the Linear before: autocast runs that Linear, bias included, in
+            # the input's dtype, so the output keeps it (as Linear + GELU) instead of promoting.
+            bias = bias.to(input.dtype)
+        return F.bias_gelu(input, bias, self.approximate)
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, approximate={self.approximate!r}"

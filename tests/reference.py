@@ -171,6 +171,60 @@ def softmax_backward_scale(
     return scale.reshape(output.shape)
 
 
+def _norm_terms(x, normalized_shape, eps, rms):
+    """(dims, fp64 x, rstd, xs) for the norm scales: xhat_i = (x_i - mean) * rstd is computed to
+    within rounding of xs_i = (|x_i| + mean|x|) * rstd: x - mean cancels, and the mean's own
+    rounding is that of the sum of |x| it came from (rms_norm: no mean, xs_i = |xhat_i|).
+    eps=None is rms_norm's default (fp32's eps)."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    x64 = _as64(x)
+    eps = torch.finfo(torch.float32).eps if eps is None else eps
+    mean = torch.zeros_like(x64) if rms else x64.mean(dims, keepdim=True).expand_as(x64)
+    rstd = ((x64 - mean).square().mean(dims, keepdim=True) + eps).rsqrt()
+    mean_abs = 0.0 if rms else x64.abs().mean(dims, keepdim=True)
+    return dims, x64, rstd, (x64.abs() + mean_abs) * rstd
+
+
+def _param64(p, normalized_shape):
+    return torch.ones(normalized_shape, dtype=torch.float64) if p is None else _as64(p)
+
+
+@_single_threaded
+def norm_scale(x, normalized_shape, weight, bias, eps, rms=False):
+    """Per-element scale of a layer_norm / rms_norm output: y_i = xhat_i * w_i + b_i, so
+    xs_i * |w_i| + |b_i| (_norm_terms) -- a constant row (xhat = 0 exactly) included."""
+    _, _, _, xs = _norm_terms(x, normalized_shape, eps, rms)
+    scale = xs * _param64(weight, normalized_shape).abs()
+    return scale if bias is None else scale + _as64(bias).abs()
+
+
+@_single_threaded
+def norm_backward_scales(x, normalized_shape, weight, grad_output, eps, rms=False):
+    """Per-element scales of layer_norm / rms_norm gradients for the error metric: the sizes of
+    the terms each one is computed from, which cancel where the gradient is small (a row of one
+    element has dx = 0 exactly; max |ref| would then ask for an error below rounding).
+
+        dx_i = rstd * (gw_i - mean(gw) - xhat_i * mean(gw * xhat)),  gw = g * w  (rms_norm: no
+               mean(gw) term)
+        scale(dx_i) = rstd * (|gw_i| + mean|gw| + xs_i * mean(|gw| * xs))      (xs: _norm_terms)
+        scale(dw_j) = sum over rows |g_j| * xs_j,   scale(db_j) = sum over rows |g_j|
+
+    Returns (dx, dw, db) scales, fp64 on the CPU.
+    """
+    dims, x64, rstd, xs = _norm_terms(x, normalized_shape, eps, rms)
+    g = _as64(grad_output)
+    gw = (g * _param64(weight, normalized_shape)).abs()
+    terms = gw + xs * (gw * xs).mean(dims, keepdim=True)
+    if not rms:
+        terms = terms + gw.mean(dims, keepdim=True)
+
+    def over_rows(t):  # sum(()) would sum everything
+        k = len(normalized_shape)
+        return t.sum(tuple(range(x64.dim() - k))) if x64.dim() > k else t
+
+    return rstd * terms, over_rows(g.abs() * xs), over_rows(g.abs())
+
+
 # --------------------------------------------------------------------------------------------
 # The tolerance rule
 # --------------------------------------------------------------------------------------------

@@ -466,6 +466,7 @@ def test_cuda_graph_capture(op):
 
 @cuda_only
 @pytest.mark.slow
+@pytest.mark.bigmem
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_more_than_2_31_elements(op):
     cols = 4096

@@ -52,19 +52,6 @@ def skip_unsupported(device, dtype):
         pytest.skip("fp64 is tested on the CPU only")
 
 
-# A known accuracy gap of the CPU kernel against the tolerance rule, reported upstream: CPU fp32
-# sums a row sequentially per SIMD lane in fp32, so for rows of more than ~10K elements the
-# normalizer's error is ~2.5x torch's (csrc/cpu/softmax.cpp, softmax_fwd_cpu / softmax_bwd_cpu).
-# The tests that can hit it mark themselves xfail, not strict (which seeds trip the 2x bound
-# depends on the machine's SIMD width). Delete this once the kernel is fixed.
-CPU_FP32_LONG_ROWS = "known: CPU fp32 long-row sum error ~2.5x torch's"
-
-
-def xfail_known_cpu_gaps(request, device, dtype, n: int):
-    if device == "cpu" and dtype == torch.float32 and n > 8192:
-        request.applymarker(pytest.mark.xfail(reason=CPU_FP32_LONG_ROWS, strict=False))
-
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     ints = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
     return t.detach().contiguous().view(ints[t.element_size()]).clone()
@@ -126,17 +113,15 @@ SHAPES = [(rows, n) for n in NS for rows in sorted({1, 7, _many_rows(n)})]
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("log", OPS)
-def test_matches_reference(request, device, log, dtype, shape):
+def test_matches_reference(device, log, dtype, shape):
     skip_unsupported(device, dtype)
-    xfail_known_cpu_gaps(request, device, dtype, shape[1])
     check_fwd_bwd(make_input(shape, dtype, device), -1, log)
 
 
 @pytest.mark.parametrize("n", [4096, 65536 + 3])
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @pytest.mark.parametrize("log", OPS)
-def test_batched_leading_dims(request, device, log, dtype, n):
-    xfail_known_cpu_gaps(request, device, dtype, n)
+def test_batched_leading_dims(device, log, dtype, n):
     check_fwd_bwd(make_input((2, 3, 5, n), dtype, device), -1, log)
 
 
@@ -259,8 +244,7 @@ def _nonfinite_rows(n: int, dtype, device) -> torch.Tensor:
 @pytest.mark.parametrize("n", [5, 40, 1025, 65536 + 3])
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @pytest.mark.parametrize("log", OPS)
-def test_nonfinite_rows(request, device, log, dtype, n):
-    xfail_known_cpu_gaps(request, device, dtype, n)
+def test_nonfinite_rows(device, log, dtype, n):
     x = _nonfinite_rows(n, dtype, device)
     yf, gf = check_fwd_bwd(x, -1, log)
     yt = torch_fn(log)(x, -1)
@@ -284,8 +268,7 @@ def test_nonfinite_rows_transposed_dim0(device, log, dtype, n):
 @pytest.mark.parametrize("n", [33, 4097, 65536 + 3])
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @pytest.mark.parametrize("log", OPS)
-def test_large_magnitude(request, device, log, dtype, n, scale, shift):
-    xfail_known_cpu_gaps(request, device, dtype, n)
+def test_large_magnitude(device, log, dtype, n, scale, shift):
     x = make_input((7, n), dtype, device, scale=scale, shift=shift)
     y, g = check_fwd_bwd(x, -1, log)
     assert torch.isfinite(y).all() and torch.isfinite(g).all()
@@ -588,6 +571,7 @@ HUGE_SHAPES = [
 
 @pytest.mark.slow
 @pytest.mark.cuda
+@pytest.mark.bigmem
 @pytest.mark.parametrize("shape", HUGE_SHAPES)
 @pytest.mark.parametrize("log", OPS)
 def test_more_than_2_31_elements(cuda_device, log, shape):

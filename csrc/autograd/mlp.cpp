@@ -2,6 +2,8 @@
 // the forward redispatches below the Autograd key to the device kernel and saves what the
 // backward op needs. fused_mlp saves x, the weights, the pre-activation and, unless the caller
 // asked to recompute it, the GELU output. Double backward is not supported.
+// Autocast: fused_mlp runs as torch's autocast runs aten::linear (in the autocast dtype);
+// bias_gelu promotes input and bias to one dtype, as gelu(input + bias) does.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -9,6 +11,8 @@
 #include <array>
 #include <string>
 #include <tuple>
+
+#include "common/autocast.h"
 
 namespace fusedops {
 namespace {
@@ -135,11 +139,49 @@ MlpFwdOutputs mlp_fwd_autograd(const at::Tensor& x, const at::Tensor& w1, const 
   return {outs[0], outs[1], outs[2]};
 }
 
+// Type promotion as in gelu(input + bias), which autocast leaves alone: a bf16 input with an fp32
+// bias gives fp32. (nn.BiasGELU casts its bias to the input's dtype under autocast first: there
+// it stands for a Linear's bias, which autocast casts.)
+template <c10::DeviceType D>
+at::Tensor bias_gelu_fwd_autocast(const at::Tensor& input, const at::Tensor& bias,
+                                  c10::string_view approximate) {
+  const AutocastExclude<D> exclude;
+  if (!input.is_floating_point() || !bias.is_floating_point()) {
+    return bias_gelu_fwd_op(input, bias, approximate);  // the op names the bad dtype
+  }
+  const auto dtype = at::promote_types(input.scalar_type(), bias.scalar_type());
+  using at::autocast::cached_cast;
+  return bias_gelu_fwd_op(cached_cast(dtype, input, D), cached_cast(dtype, bias, D), approximate);
+}
+
+// torch's "lower_precision_fp" policy for aten::linear: every floating argument on `D` but fp64
+// runs in the autocast dtype.
+template <c10::DeviceType D>
+MlpFwdOutputs mlp_fwd_autocast(const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1,
+                               const at::Tensor& w2, const OptTensor& b2,
+                               c10::string_view approximate, bool save_pre, bool save_act) {
+  static const bool low = torch_autocasts("aten::linear", "", D);
+  const AutocastExclude<D> exclude;
+  if (!low) return mlp_fwd_op(x, w1, b1, w2, b2, approximate, save_pre, save_act);
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(D);
+  auto cast = [dtype](const auto& t) { return at::autocast::cached_cast(dtype, t, D); };
+  return mlp_fwd_op(cast(x), cast(w1), cast(b1), cast(w2), cast(b2), approximate, save_pre,
+                    save_act);
+}
+
+template <c10::DeviceType D>
+void register_autocast(torch::Library& m) {
+  m.impl("bias_gelu_fwd", &bias_gelu_fwd_autocast<D>);
+  m.impl("mlp_fwd", &mlp_fwd_autocast<D>);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
   m.impl("bias_gelu_fwd", &bias_gelu_fwd_autograd);
   m.impl("mlp_fwd", &mlp_fwd_autograd);
 }
+
+FUSEDOPS_AUTOCAST_IMPL(register_autocast)
 
 }  // namespace fusedops

@@ -2,10 +2,8 @@
 // Autograd (C++, as softmax): the forward redispatches below the Autograd key and saves input,
 // parameters and the fp32 statistics; the backward runs the *_bwd op for just the gradients
 // autograd needs. Double backward is not implemented and raises rather than return wrong values.
-// AutocastCUDA / AutocastMPS: torch runs layer_norm in fp32 under CUDA and MPS autocast, so do
-// we. rms_norm it leaves alone (checked on torch 2.11 for CUDA), as it does both ops under CPU
-// autocast: the fallthrough.
-#include <ATen/autocast_mode.h>
+// Autocast: as torch's autocast runs aten::layer_norm / aten::rms_norm on that device
+// (common/autocast.h): in fp32 where it has a policy for them, else untouched.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -13,6 +11,8 @@
 #include <array>
 #include <optional>
 #include <tuple>
+
+#include "common/autocast.h"
 
 namespace fusedops {
 namespace {
@@ -158,16 +158,38 @@ std::tuple<Tensor, Tensor> rms_norm_fwd_autograd(const Tensor& input, IntArrayRe
   return {r[0], r[1]};
 }
 
-// torch's CUDA and MPS autocast policy for layer_norm ("fp32"): every floating argument on the
-// device but fp64 runs as fp32, so the output is fp32 too.
-template <c10::DeviceType kDevice, c10::DispatchKey kAutocastKey>
+// torch's "fp32" autocast policy where it has one for the op: every floating argument on `D` but
+// fp64 runs as fp32, so the output is fp32 too.
+template <c10::DeviceType D>
 std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_autocast(const Tensor& input,
                                                            IntArrayRef normalized_shape,
                                                            const OptTensor& weight,
                                                            const OptTensor& bias, double eps) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(kAutocastKey);
-  auto fp32 = [](const auto& t) { return at::autocast::cached_cast(at::kFloat, t, kDevice); };
-  return layer_norm_fwd_op(fp32(input), normalized_shape, fp32(weight), fp32(bias), eps);
+  static const bool fp32 = torch_autocasts("aten::layer_norm", "", D);
+  const AutocastExclude<D> exclude;
+  if (!fp32) return layer_norm_fwd_op(input, normalized_shape, weight, bias, eps);
+  using at::autocast::cached_cast;
+  return layer_norm_fwd_op(cached_cast(at::kFloat, input, D), normalized_shape,
+                           cached_cast(at::kFloat, weight, D), cached_cast(at::kFloat, bias, D),
+                           eps);
+}
+
+template <c10::DeviceType D>
+std::tuple<Tensor, Tensor> rms_norm_fwd_autocast(const Tensor& input, IntArrayRef normalized_shape,
+                                                 const OptTensor& weight,
+                                                 std::optional<double> eps) {
+  static const bool fp32 = torch_autocasts("aten::rms_norm", "", D);
+  const AutocastExclude<D> exclude;
+  if (!fp32) return rms_norm_fwd_op(input, normalized_shape, weight, eps);
+  using at::autocast::cached_cast;
+  return rms_norm_fwd_op(cached_cast(at::kFloat, input, D), normalized_shape,
+                         cached_cast(at::kFloat, weight, D), eps);
+}
+
+template <c10::DeviceType D>
+void register_autocast(torch::Library& m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd_autocast<D>);
+  m.impl("rms_norm_fwd", &rms_norm_fwd_autocast<D>);
 }
 
 }  // namespace
@@ -177,16 +199,6 @@ TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
   m.impl("rms_norm_fwd", &rms_norm_fwd_autograd);
 }
 
-TORCH_LIBRARY_IMPL(fusedops, AutocastCUDA, m) {
-  m.impl("layer_norm_fwd",
-         &layer_norm_fwd_autocast<c10::DeviceType::CUDA, c10::DispatchKey::AutocastCUDA>);
-}
-
-#ifdef FUSEDOPS_WITH_MPS  // macOS builds need torch >= 2.5 (MPS autocast) anyway
-TORCH_LIBRARY_IMPL(fusedops, AutocastMPS, m) {
-  m.impl("layer_norm_fwd",
-         &layer_norm_fwd_autocast<c10::DeviceType::MPS, c10::DispatchKey::AutocastMPS>);
-}
-#endif
+FUSEDOPS_AUTOCAST_IMPL(register_autocast)
 
 }  // namespace fusedops

@@ -1,10 +1,13 @@
 // Autograd for softmax / log_softmax, registered in C++ so that a call costs one dispatcher
 // trip and no Python (torchvision's pattern): the forward redispatches below the Autograd key
-// to the device kernel and saves what the backward needs.
+// to the device kernel and saves what the backward needs. Autocast: as torch's autocast runs
+// aten::softmax / aten::log_softmax on that device (common/autocast.h).
 #include <ATen/TensorOperators.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
+
+#include "common/autocast.h"
 
 namespace fusedops {
 namespace {
@@ -97,11 +100,29 @@ at::Tensor softmax_bwd_autograd(const at::Tensor& grad_output, const at::Tensor&
   return SoftmaxBackwardFunction::apply(grad_output, output, dim, log);
 }
 
+// torch's "fp32_set_opt_dtype" policy where it has one: low-precision input runs with an fp32
+// result (torch.softmax(x, dim, dtype=torch.float32)), which is softmax of x cast to fp32.
+template <c10::DeviceType D>
+at::Tensor softmax_fwd_autocast(const at::Tensor& input, int64_t dim, bool log) {
+  static const bool fp32_softmax = torch_autocasts("aten::softmax", "int", D);
+  static const bool fp32_log_softmax = torch_autocasts("aten::log_softmax", "int", D);
+  const AutocastExclude<D> exclude;
+  const bool fp32 = log ? fp32_log_softmax : fp32_softmax;
+  return softmax_fwd_op(fp32 ? at::autocast::cached_cast(at::kFloat, input, D) : input, dim, log);
+}
+
+template <c10::DeviceType D>
+void register_autocast(torch::Library& m) {
+  m.impl("softmax_fwd", &softmax_fwd_autocast<D>);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
   m.impl("softmax_fwd", &softmax_fwd_autograd);
   m.impl("softmax_bwd", &softmax_bwd_autograd);
 }
+
+FUSEDOPS_AUTOCAST_IMPL(register_autocast)
 
 }  // namespace fusedops

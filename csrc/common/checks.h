@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <cstdio>
 #include <optional>
 #include <string>
 
@@ -13,6 +14,11 @@ namespace fusedops {
 // number formatting, which crashes (SIGSEGV) inside extensions built by Ubuntu 24.04's g++ 13.3
 // against torch 2.11's wheel: there a bad argument would kill the process instead of raising.
 inline std::string to_text(int64_t v) { return std::to_string(v); }
+inline std::string to_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
 inline std::string to_text(at::IntArrayRef shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) out += (i > 0 ? ", " : "") + std::to_string(shape[i]);

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/irange.h>
 
+#include <cmath>
 #include <limits>
 #include <optional>
 
@@ -91,6 +92,12 @@ inline void check_norm_stat(const char* op, const char* arg, const at::Tensor& s
                    " has dtype ", stat.scalar_type(), " (expected ", norm_stat_dtype(input), ")");
   TORCH_CHECK_VALUE(stat.numel() == p.rows, "fusedops.", op, ": ", arg, " has ",
                     to_text(stat.numel()), " elements but input has ", to_text(p.rows), " rows");
+}
+
+// eps is added to the variance: a negative, NaN or infinite one gives NaN or zeros silently.
+inline void check_norm_eps(const char* op, double eps) {
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0, "fusedops.", op,
+                    ": eps must be a finite number >= 0, got ", to_text(eps));
 }
 
 // torch.rms_norm's eps=None: the epsilon of the accumulation type (fp32 for fp16/bf16/fp32).

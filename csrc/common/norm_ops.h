@@ -28,6 +28,7 @@ struct NormOps {
                                                            at::IntArrayRef normalized_shape,
                                                            const OptTensor& weight,
                                                            const OptTensor& bias, double eps) {
+    check_norm_eps("layer_norm", eps);
     return Backend::template fwd<false>("layer_norm", input, normalized_shape, weight, bias, eps);
   }
 
@@ -35,6 +36,7 @@ struct NormOps {
                                                  at::IntArrayRef normalized_shape,
                                                  const OptTensor& weight,
                                                  std::optional<double> eps) {
+    if (eps.has_value()) check_norm_eps("rms_norm", *eps);
     auto [out, mean, rstd] = Backend::template fwd<true>(
         "rms_norm", input, normalized_shape, weight, std::nullopt, rms_norm_eps(input, eps));
     return {out, rstd};

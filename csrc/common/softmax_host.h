@@ -19,16 +19,19 @@ inline SoftmaxProblem softmax_problem(const char* op, const at::Tensor& t, int64
   return {d, cols == 0 ? 0 : t.numel() / cols, cols};
 }
 
-inline SoftmaxProblem check_softmax_fwd(const at::Tensor& input, int64_t dim) {
-  check_floating("softmax", "input", input);
-  return softmax_problem("softmax", input, dim);
+// Errors name the function the user called: one op serves softmax and log_softmax.
+inline SoftmaxProblem check_softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  check_floating(op, "input", input);
+  return softmax_problem(op, input, dim);
 }
 
 inline SoftmaxProblem check_softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output,
-                                        int64_t dim) {
-  check_floating("softmax_backward", "output", output);
-  check_like("softmax_backward", "grad_output", grad_output, "output", output);
-  return softmax_problem("softmax_backward", output, dim);
+                                        int64_t dim, bool log) {
+  const char* op = log ? "log_softmax_backward" : "softmax_backward";
+  check_floating(op, "output", output);
+  check_like(op, "grad_output", grad_output, "output", output);
+  return softmax_problem(op, output, dim);
 }
 
 }  // namespace fusedops

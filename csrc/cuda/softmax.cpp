@@ -15,7 +15,7 @@ namespace fusedops {
 namespace {
 
 at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
-  const SoftmaxProblem p = check_softmax_fwd(input, dim);
+  const SoftmaxProblem p = check_softmax_fwd(input, dim, log);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::Tensor x = to_rows(input, p.dim);
   at::Tensor y = at::empty_like(x);
@@ -31,7 +31,7 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
 
 at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                        bool log) {
-  const SoftmaxProblem p = check_softmax_bwd(grad_output, output, dim);
+  const SoftmaxProblem p = check_softmax_bwd(grad_output, output, dim, log);
   const c10::cuda::CUDAGuard guard(output.device());
   const at::Tensor dy = to_rows(grad_output, p.dim);
   const at::Tensor y = to_rows(output, p.dim);
