@@ -1,75 +1,118 @@
 #!/usr/bin/env bash
-# One full check on a CUDA machine: build with every core, run the whole test suite with the
-# CUDA tests live, compute-sanitizer on the kernel tests, the benchmark, and a short table.
+# One full check on a CUDA machine, in steps that can also run alone (e.g. within a time limit):
+#   build      build with every core for the local GPU
+#   tests      the whole suite with the CUDA tests live (xdist where installed; `bigmem` tests
+#              take a machine-wide lock), then the property tests at the large hypothesis profile
+#   sanitizer  compute-sanitizer memcheck / racecheck / initcheck on each op's kernel tests
+#   demo       python -m fusedops.demo on the predictor and GPT-2 (bench/results/demo-<gpu>-*)
+#   bench      kernel benchmark (+ host cost table), MLP benchmark, kernel resource report
+#   dist       tests/test_distributed.py (DDP and FSDP2; needs 2 GPUs)
 # Logs and results go to $RESULTS (default: build/gpu_check). Usage:
-#   scripts/gpu_check.sh [--no-tests] [--no-sanitizer] [--no-bench] [-- bench args...]
+#   scripts/gpu_check.sh [STEP...] [-- bench args...]     (no STEP: build tests sanitizer demo bench)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${RESULTS:-build/gpu_check}
 mkdir -p "$RESULTS"
-tests=1 sanitizer=1 bench=1
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --no-tests) tests=0 ;;
-    --no-sanitizer) sanitizer=0 ;;
-    --no-bench) bench=0 ;;
-    --) shift; break ;;
-    *) echo "unknown option $1" >&2; exit 2 ;;
-  esac
-  shift
-done
+steps=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do steps+=("$1"); shift; done
+[ $# -gt 0 ] && shift  # the rest goes to the benchmark
+[ ${#steps[@]} -gt 0 ] || steps=(build tests sanitizer demo bench)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 status=0
 step() { echo; echo "=== $* ($(date +%T))"; }
+gpu=$(python3 -c 'import torch; print(torch.cuda.get_device_name().split()[1].lower())')
 
-step "device"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+build() {
+  local arch
+  arch=$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
+  # The log goes to a file first: a pipe closed early (head) would kill the build.
+  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} FUSEDOPS_CUDA=1 MAX_JOBS=$(nproc) \
+    python3 setup.py -q build_ext --inplace >"$RESULTS/build.log" 2>&1
+  local rc=$?
+  grep -E "error|warning" "$RESULTS/build.log" | grep -v "Wunknown-pragmas" | head -20
+  [ $rc = 0 ] && python3 -m fusedops
+}
 
-step "build"
-arch=$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')
-TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} FUSEDOPS_CUDA=1 MAX_JOBS=$(nproc) \
-  python3 setup.py -q build_ext --inplace 2>&1 | tee "$RESULTS/build.log" | grep -Ei "error|warning" | head -40
-python3 -m fusedops || exit 1
+tests() {
+  local xdist
+  xdist=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 16")
+  # -v: one line per finished test in the log, so a run cut short still says what passed.
+  python3 -m pytest tests -v -ra -p no:cacheprovider --durations=15 $xdist 2>&1 |
+    tee "$RESULTS/pytest.log" | grep -vE " PASSED | SKIPPED | XFAIL " | tail -60
+  [ "${PIPESTATUS[0]}" = 0 ] || return 1
+  python3 -m pytest tests/test_properties.py -q -p no:cacheprovider --hypothesis-profile gpu \
+    2>&1 | tee "$RESULTS/properties.log" | tail -5
+}
 
-if [ $tests = 1 ]; then
-  step "tests (CUDA live)"
-  xdist=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 8")
-  python3 -m pytest tests -q -ra -p no:cacheprovider $xdist 2>&1 | tee "$RESULTS/pytest.log" | tail -40
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
-fi
-
-if [ $sanitizer = 1 ]; then
-  # The kernel-tier tests of each op, in parallel (python + torch under a sanitizer start
-  # slowly; the whole suite would take hours). The profiler-based test sees no events there.
-  step "compute-sanitizer memcheck + racecheck on the kernel tests"
+# The kernel-tier tests of each op, in parallel (python + torch under a sanitizer start slowly;
+# the whole suite would take hours). The profiler-based test sees no events there. initcheck
+# runs without torch's caching allocator, whose reused blocks would hide unwritten reads;
+# reports from cuBLASLt's own kernels (no fusedops `_kernel` name) belong to that library.
+sanitizer() {
   run_tool() {  # tool name pytest-args...
     local tool=$1 name=$2
     shift 2
     compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      python3 -m pytest -q -p no:cacheprovider -x "$@" > "$RESULTS/$tool-$name.log" 2>&1
+      python3 -m pytest -q -p no:cacheprovider -x "$@" >"$RESULTS/$tool-$name.log" 2>&1
     local rc=$?
-    echo "$rc" >> "$RESULTS/sanitizer.rc"
+    echo "$rc" >>"$RESULTS/sanitizer.rc"
     echo "$tool $name: exit $rc; $(grep -E 'SUMMARY|passed|failed' "$RESULTS/$tool-$name.log" |
       tail -2 | tr '\n' ' ')"
   }
+  local softmax=(tests/test_softmax.py -k "every_kernel_path or raises or range")
+  local norms=(tests/test_norms.py -k "cuda_kernel_tiers and bfloat16 or misaligned_pointer or deterministic")
+  local mlp=(tests/test_mlp.py tests/test_bias_gelu.py -m cuda -k "not compile and not epilogues_used")
   rm -f "$RESULTS/sanitizer.rc"
-  run_tool memcheck softmax tests/test_softmax.py -k "every_kernel_path or raises or range" &
-  run_tool memcheck norms tests/test_norms.py \
-    -k "cuda_kernel_tiers and bfloat16 or misaligned_pointer or deterministic" &
-  run_tool racecheck norms tests/test_norms.py -k "cuda_kernel_tiers and bfloat16 or deterministic" &
-  run_tool memcheck mlp tests/test_mlp.py tests/test_bias_gelu.py -m cuda \
-    -k "not compile and not epilogues_used" &
+  run_tool memcheck softmax "${softmax[@]}" &
+  run_tool memcheck norms "${norms[@]}" &
+  run_tool memcheck mlp "${mlp[@]}" &
+  run_tool racecheck softmax "${softmax[@]}" &
+  run_tool racecheck norms "${norms[@]}" &
   wait
-  grep -qv '^0$' "$RESULTS/sanitizer.rc" && status=1
-fi
+  export PYTORCH_NO_CUDA_MEMORY_CACHING=1
+  run_tool initcheck softmax "${softmax[@]}" &
+  run_tool initcheck norms "${norms[@]}" &
+  run_tool initcheck mlp "${mlp[@]}" &
+  wait
+  unset PYTORCH_NO_CUDA_MEMORY_CACHING
+  ! grep -qv '^0$' "$RESULTS/sanitizer.rc"
+}
 
-if [ $bench = 1 ]; then
-  step "benchmark"
-  python3 -m fusedops.bench --out "$RESULTS" "$@" 2>&1 | tee "$RESULTS/bench.log" | tail -60
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+demo() {
+  local model rc=0
+  for model in predictor gpt2; do
+    python3 -m fusedops.demo --device cuda --model "$model" \
+      --out "$RESULTS/demo-$gpu-$model" 2>&1 | tee "$RESULTS/demo-$model.log" | tail -40
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  done
+  return $rc
+}
+
+bench() {
+  local rc=0
+  python3 -m fusedops.bench --out "$RESULTS" "$@" 2>&1 | tee "$RESULTS/bench.log" | tail -80
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   python3 -m fusedops.bench_mlp --no-max-autotune --out "$RESULTS" 2>&1 |
     tee "$RESULTS/bench_mlp.log" | tail -45
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
-fi
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  python3 -m fusedops.tools.kernels --json "$RESULTS/kernels.json" 2>&1 |
+    tee "$RESULTS/kernels.log" | tail -60
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  return $rc
+}
+
+dist() {
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+    python3 -m pytest tests/test_distributed.py -q -s -p no:cacheprovider 2>&1 |
+    tee "$RESULTS/distributed.log" | tail -20
+}
+
+step "device"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+for s in "${steps[@]}"; do
+  step "$s"
+  if [ "$s" = bench ]; then bench "$@"; else "$s"; fi || { echo "=== $s FAILED"; status=1; }
+  [ "$s" != build ] || [ $status = 0 ] || exit 1
+done
 exit $status

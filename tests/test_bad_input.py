@@ -10,11 +10,14 @@ import math
 
 import pytest
 import torch
-from conftest import HAS_CUDA, HAS_MPS
 from reference import make_input
 
 import fusedops
 from fusedops._ops import ops
+
+# Not imported from conftest: tests/metal has a conftest module of the same name.
+HAS_CUDA = torch.cuda.is_available()
+HAS_MPS = torch.backends.mps.is_available()
 
 FLOAT_NAMES = "float32, float16, bfloat16 or float64"
 BAD_DTYPES = {

@@ -6,8 +6,8 @@
 #include <cuda_runtime.h>
 #include <cxxabi.h>
 
+#include <cstdint>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 
 #include "common/kernel_registry.h"
@@ -32,9 +32,7 @@ std::string kernel_name(const void* func) {
   std::free(demangled);
   return name;
 #else
-  std::ostringstream out;
-  out << func;
-  return out.str();
+  return std::to_string(reinterpret_cast<std::uintptr_t>(func));
 #endif
 }
 
@@ -46,19 +44,24 @@ int device_attribute(cudaDeviceAttr attr, int device) {
 
 }  // namespace
 
+// Text built with std::to_string, not std::ostream: ostream's integer formatting crashes inside
+// extensions built by g++ 13.3 against torch 2.11's wheel (see common/checks.h).
 std::string cuda_kernel_report(int64_t device) {
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   const int dev = static_cast<int>(device);
-  std::ostringstream out;
-  out << "device\tcc=" << device_attribute(cudaDevAttrComputeCapabilityMajor, dev) << "."
-      << device_attribute(cudaDevAttrComputeCapabilityMinor, dev)
-      << "\tsm_count=" << device_attribute(cudaDevAttrMultiProcessorCount, dev)
-      << "\tregs_per_sm=" << device_attribute(cudaDevAttrMaxRegistersPerMultiprocessor, dev)
-      << "\tsmem_per_sm=" << device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev)
-      << "\tthreads_per_sm=" << device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor, dev)
-      << "\tblocks_per_sm=" << device_attribute(cudaDevAttrMaxBlocksPerMultiprocessor, dev)
-      << "\treserved_smem_per_block="
-      << device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, dev) << "\n";
+  auto attribute = [dev](cudaDeviceAttr attr) {
+    return std::to_string(device_attribute(attr, dev));
+  };
+  std::string out =
+      "device\tcc=" + attribute(cudaDevAttrComputeCapabilityMajor) + "." +
+      attribute(cudaDevAttrComputeCapabilityMinor) +
+      "\tsm_count=" + attribute(cudaDevAttrMultiProcessorCount) +
+      "\tregs_per_sm=" + attribute(cudaDevAttrMaxRegistersPerMultiprocessor) +
+      "\tsmem_per_sm=" + attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor) +
+      "\tthreads_per_sm=" + attribute(cudaDevAttrMaxThreadsPerMultiProcessor) +
+      "\tblocks_per_sm=" + attribute(cudaDevAttrMaxBlocksPerMultiprocessor) +
+      "\treserved_smem_per_block=" + attribute(cudaDevAttrReservedSharedMemoryPerBlock) + "\n";
+  using std::to_string;
   for (const auto& [launch, calls] : snapshot()) {
     cudaFuncAttributes attr;
     check(cudaFuncGetAttributes(&attr, launch.func), "cudaFuncGetAttributes");
@@ -66,12 +69,14 @@ std::string cuda_kernel_report(int64_t device) {
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, launch.func, launch.threads,
                                                         launch.smem),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    out << "kernel\tname=" << kernel_name(launch.func) << "\tthreads=" << launch.threads
-        << "\tdynamic_smem=" << launch.smem << "\tcluster=" << launch.ranks << "\tcalls=" << calls
-        << "\tregs=" << attr.numRegs << "\tstatic_smem=" << attr.sharedSizeBytes
-        << "\tlocal_bytes=" << attr.localSizeBytes << "\tmax_threads=" << attr.maxThreadsPerBlock
-        << "\tmax_dynamic_smem=" << attr.maxDynamicSharedSizeBytes
-        << "\tactive_blocks_per_sm=" << blocks;
+    out += "kernel\tname=" + kernel_name(launch.func) + "\tthreads=" + to_string(launch.threads) +
+           "\tdynamic_smem=" + to_string(launch.smem) + "\tcluster=" + to_string(launch.ranks) +
+           "\tcalls=" + to_string(calls) + "\tregs=" + to_string(attr.numRegs) +
+           "\tstatic_smem=" + to_string(attr.sharedSizeBytes) +
+           "\tlocal_bytes=" + to_string(attr.localSizeBytes) +
+           "\tmax_threads=" + to_string(attr.maxThreadsPerBlock) +
+           "\tmax_dynamic_smem=" + to_string(attr.maxDynamicSharedSizeBytes) +
+           "\tactive_blocks_per_sm=" + to_string(blocks);
     if (launch.ranks > 1) {  // clusters also need their blocks co-resident on one GPC
       cudaLaunchConfig_t config = {};
       config.gridDim = dim3(static_cast<unsigned>(launch.ranks));
@@ -87,11 +92,11 @@ std::string cuda_kernel_report(int64_t device) {
       int clusters = 0;
       check(cudaOccupancyMaxActiveClusters(&clusters, launch.func, &config),
             "cudaOccupancyMaxActiveClusters");
-      out << "\tactive_clusters=" << clusters;
+      out += "\tactive_clusters=" + to_string(clusters);
     }
-    out << "\n";
+    out += "\n";
   }
-  return out.str();
+  return out;
 }
 
 }  // namespace fusedops::kernel_registry
