@@ -57,11 +57,11 @@ def test_demo_smoke(device, tmp_path, monkeypatch, capsys):
         for phase in ("inference", "training"):
             p = res["profile"][when][phase]
             assert p["steps"] == 3 and p["step_us"] > 0 and p["ops"] and p["peak_bytes"] > 0
-    # fused: fewer top-level op calls (layer_norm_fwd for layer_norm, one mlp_fwd for 3 calls)
+    # CPU counts top-level op calls: fewer once fused (one mlp_fwd for 3 calls). CUDA counts
+    # kernels: an erf-GELU MLP is GEMM, bias_gelu, GEMM fused or not, so never more.
     for phase in ("inference", "training"):
-        assert (
-            res["profile"]["after"][phase]["launches"] < res["profile"]["before"][phase]["launches"]
-        )
+        before, after = (res["profile"][w][phase]["launches"] for w in ("before", "after"))
+        assert after < before if device == "cpu" else after <= before
     assert math.isfinite(res["copy_gbps"]) and res["copy_gbps"] > 0
 
     # the checkpoint is cached: a second load does not train

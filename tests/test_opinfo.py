@@ -40,9 +40,18 @@ def _bias_gelu(s):
 
 
 def _softmax_bwd(s):
-    output, dim, input_dtype = s.args
-    assert input_dtype == s.input.dtype, "mixed-dtype sample: fusedops has no such backward"
+    output, dim, _ = s.args
     return ops.softmax_bwd(s.input, output, dim, False)
+
+
+def _half_to_float(s):
+    # CUDA samples of torch's half-to-float softmax (fp32 grad, fp16 output): fusedops.softmax
+    # returns its input's dtype, so its backward never sees this pair.
+    return s.args[0].dtype != s.input.dtype
+
+
+# OpInfo name -> samples that do not apply to fusedops, with the predicate's reason above.
+NOT_APPLICABLE = {"_softmax_backward_data": _half_to_float}
 
 
 # OpInfo name -> how fusedops computes the sample. The 'with_dtype' variants of softmax and
@@ -151,6 +160,8 @@ def test_opinfo_samples(device, opinfo, dtype):
     expected = EXPECTED_ERRORS.get(opinfo.name)
     failures, count = [], 0
     for s in opinfo.sample_inputs(device, dtype, requires_grad=True):
+        if NOT_APPLICABLE.get(opinfo.name, lambda s: False)(s):
+            continue
         count += 1
         try:
             if expected is not None and expected[0](s):
