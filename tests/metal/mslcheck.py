@@ -280,9 +280,11 @@ def _build_emulator(path: Path, defines: list[str]) -> Path:
 # --------------------------------------------------------------------------------------------
 
 MACOS_TORCH = ROOT / "build" / "macos-torch"
+# As setup.py compiles the .mm on macOS (ARC, FUSEDOPS_WITH_MPS); C++17: the oldest standard
+# the supported torch versions accept.
 HOST_FLAGS = [
     "-x", "objective-c++", "-std=c++17", "-fobjc-arc", "-fblocks", "-fobjc-runtime=macosx-11.0",
-    "-fsyntax-only", "-Wall", "-Werror=objc-method-access",
+    "-DFUSEDOPS_WITH_MPS", "-fsyntax-only", "-Wall", "-Werror=objc-method-access",
 ]  # fmt: skip
 # The SDKs the host is read against: macOS 14's, and macOS 15's (MTLCompileOptions.mathMode).
 SDKS = {
