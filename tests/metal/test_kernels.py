@@ -88,10 +88,12 @@ SOFTMAX_COLS = [1, 37, 300, 1000]  # one element, a partial SIMD group, tails, >
 
 
 def softmax_input(cols: int, dtype: torch.dtype) -> torch.Tensor:
-    x = make_input((4, cols), dtype)
+    x = make_input((6, cols), dtype)
     x[1, ::3] = -math.inf  # some -inf
     x[2] = -math.inf  # a row of all -inf: NaN, as torch
     x[3] += 40.0  # far from 0: the max must be subtracted
+    x[4, 0] = math.nan  # NaN anywhere: a NaN row
+    x[5, -1] = math.inf  # +inf: a NaN row, as torch
     return x
 
 
@@ -331,7 +333,7 @@ def test_bias_gelu_backward(type, approx, has_bias, cols):
 )
 def test_softmax_forward_1024_threads(tier, cols):
     x = softmax_input(cols, torch.float32)
-    params = {"rows": 4, "cols": cols, "log": 0}
+    params = {"rows": x.shape[0], "cols": cols, "log": 0}
     tg_size = threads("row", cols) if tier == "row" else 1024
     assert tg_size == 1024
     out = run(
@@ -339,7 +341,7 @@ def test_softmax_forward_1024_threads(tier, cols):
         f"softmax_fwd_{tier}_float",
         [x, poisoned(x.shape)],
         params,
-        grid=4,
+        grid=x.shape[0],
         tg_size=tg_size,
     )
     assert_softmax_close(out[1], torch.softmax(x, -1), x)
