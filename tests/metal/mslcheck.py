@@ -11,7 +11,10 @@ MSL that clang can't read as C++ is rewritten before compiling, in exactly two p
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import functools
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -116,12 +119,29 @@ def typecheck(path: Path, version: int) -> dict[str, str]:
     return names
 
 
-def host_kernel_names() -> set[str]:
-    """The kernel names the host files ask for: pipeline("...") string literals."""
-    found: set[str] = set()
-    for mm in sorted(HOST_DIR.glob("*.mm")):
-        found |= set(re.findall(r'pipeline\(\s*"([^"]+)"\s*\)', mm.read_text()))
-    return found
+@functools.cache
+def embedded_header_dir() -> Path:
+    """Where setup.py's embed_metal_sources() writes fusedops_metal_source.h (kMetalSource: the
+    one MSL source the host compiles at run time), after running it. Locked: parallel test
+    workers would otherwise read it while one of them writes it."""
+    spec = importlib.util.spec_from_file_location("fusedops_setup", ROOT / "setup.py")
+    setup_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup_py)
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with open(BUILD / "embed.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Path(setup_py.embed_metal_sources())
+
+
+def embedded_source() -> Path:
+    """kMetalSource as a .metal file, as the host compiles it."""
+    header = (embedded_header_dir() / "fusedops_metal_source.h").read_text()
+    m = re.search(r'R"(\w*)\(\n(.*)\)\1";', header, re.S)
+    if m is None:
+        raise CheckError("fusedops_metal_source.h holds no raw string literal")
+    out = BUILD / f"embedded-{os.getpid()}.metal"
+    out.write_text(m.group(2))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,7 +339,8 @@ def host_syntax_check(mm: Path, sdk: str, include_root: Path = ROOT / "csrc") ->
     inc = macos_torch_include()
     cmd = [CLANG, *HOST_FLAGS, *SDKS[sdk], "-isystem", str(inc)]
     cmd += ["-isystem", str(inc / "torch" / "csrc" / "api" / "include")]
-    cmd += [f"-I{HERE / 'stubs'}", f"-I{include_root}", f"-I{ROOT / 'csrc'}", f"-I{ROOT}", str(mm)]
+    cmd += [f"-I{HERE / 'stubs'}", f"-I{include_root}", f"-I{ROOT / 'csrc'}", f"-I{ROOT}"]
+    cmd += [f"-I{embedded_header_dir()}", str(mm)]
     r = _run(cmd)
     if r.returncode:
         raise CheckError(f"{mm.name} ({sdk}):\n{r.stderr}")

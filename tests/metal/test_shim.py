@@ -5,7 +5,15 @@ import functools
 import re
 
 import pytest
-from mslcheck import HERE, HOST_DIR, KERNEL_DIR, METAL_VERSIONS, CheckError, typecheck
+from mslcheck import (
+    HERE,
+    HOST_DIR,
+    KERNEL_DIR,
+    METAL_VERSIONS,
+    CheckError,
+    embedded_source,
+    typecheck,
+)
 
 METAL_FILES = sorted(KERNEL_DIR.glob("*.metal"))
 TYPES = ("float", "half", "bfloat")
@@ -27,6 +35,13 @@ def test_kernels_exist():
 @pytest.mark.parametrize("path", METAL_FILES, ids=lambda p: p.name)
 def test_typecheck(path, version):
     typecheck(path, version)
+
+
+@pytest.mark.parametrize("version", METAL_VERSIONS, ids=lambda v: f"metal{v / 100:.1f}")
+def test_embedded_source(version):
+    """The one source the host compiles at run time (setup.py concatenates the files): it
+    compiles as a whole and holds every kernel."""
+    assert typecheck(embedded_source(), version) == names(version)
 
 
 def test_bfloat_only_in_metal_3_1():
