@@ -163,11 +163,19 @@ def test_bad_device():
         fusedops.bias_gelu(x, b.cpu())
 
 
-@pytest.mark.cuda
+GPUS = [
+    pytest.param("cuda", marks=pytest.mark.cuda),
+    pytest.param(
+        "mps", marks=pytest.mark.skipif(not torch.backends.mps.is_available(), reason="no MPS")
+    ),
+]
+
+
+@pytest.mark.parametrize("device", GPUS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_dbias_deterministic(dtype):
-    x, b = inputs((8192, 1024), dtype, "cuda", requires_grad=True)
-    dy = torch.randn(8192, 1024, dtype=dtype, device="cuda")
+def test_gpu_dbias_deterministic(dtype, device):
+    x, b = inputs((8192, 1024), dtype, device, requires_grad=True)
+    dy = torch.randn(8192, 1024, dtype=dtype, device=device)
     runs = [torch.autograd.grad(fusedops.bias_gelu(x, b), (x, b), dy) for _ in range(3)]
     for dx, db in runs[1:]:
         assert torch.equal(dx, runs[0][0]) and torch.equal(db, runs[0][1])

@@ -18,6 +18,10 @@ HAS_CUDA = torch.cuda.is_available()
 HAS_MPS = torch.backends.mps.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else []) + (["mps"] if HAS_MPS else [])
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+GPUS = [
+    pytest.param("cuda", marks=cuda_only),
+    pytest.param("mps", marks=pytest.mark.skipif(not HAS_MPS, reason="needs an MPS device")),
+]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # atol of the tolerance rule, per output dtype.
 ATOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -410,13 +414,13 @@ def test_cuda_misaligned_pointer_and_many_rows(op):
     _check(op, x, [24], *_params(op, "fp32", 24, torch.bfloat16, "cuda"), 1e-5)
 
 
-@cuda_only
+@pytest.mark.parametrize("device", GPUS)
 @pytest.mark.parametrize("cols", [64, 1000, 4096, 8192, 40000])
 @pytest.mark.parametrize("op", OPS)
-def test_cuda_deterministic_param_grads(cols, op):
+def test_gpu_deterministic_param_grads(device, cols, op):
     rows = 2**22 // cols
-    x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w, b = _params(op, "fp32", cols, torch.bfloat16, "cuda")
+    x = torch.randn(rows, cols, device=device, dtype=torch.bfloat16, requires_grad=True)
+    w, b = _params(op, "fp32", cols, torch.bfloat16, device)
     params = [t.requires_grad_() for t in (w, b) if t is not None]
     dy = torch.randn_like(x)
 

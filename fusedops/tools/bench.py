@@ -2,15 +2,12 @@
 
     python -m fusedops.bench [--ops softmax_fwd,softmax_bwd] [--dtypes bf16,fp32]
         [--shapes 4096x1024,...] [--quick] [--out bench/results] [--no-compile] [--no-plot]
-        [--device cuda|mps|cpu]
 
 CUDA: CUDA events around batches of back-to-back calls whose inputs rotate through >= 4x the L2
 cache, so every call reads DRAM; time per call = batch time / batch size, median over batches.
 That is throughput, and it shows host overhead where the host cannot keep the GPU fed. Each
 kernel is reported as GB/s of minimal unique bytes and as % of a 2 GiB device-to-device copy
-timed the same way. MPS (Apple GPUs): the same, with the host clock around batches that end in
-torch.mps.synchronize() and inputs rotated past 128 MiB. CPU: time.perf_counter, the same
-medians.
+timed the same way. CPU: time.perf_counter, the same medians.
 
 Providers: fusedops, torch eager, torch.compile and, on CUDA where `liger_kernel` imports,
 Liger-Kernel's Triton kernels (layer_norm and rms_norm; ops it lacks get no liger entries).
@@ -30,7 +27,6 @@ import math
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -279,16 +275,9 @@ class Timed:
     nbytes: int
 
 
-# Apple GPUs: torch reports no cache size; rotate inputs past this many bytes, more than the
-# system-level cache of any Apple silicon chip (tens of MB).
-MPS_CACHE_BYTES = 128 << 20
-
-
 def _cache_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).L2_cache_size
-    if device.type == "mps":
-        return MPS_CACHE_BYTES
     return 0  # CPU: no rotation; big shapes dwarf the caches anyway
 
 
@@ -327,17 +316,15 @@ def prepare(spec: Spec, pass_: str, provider: str, rows: int, n: int, dtype, dev
 
 def _plan(device: torch.device, quick: bool) -> tuple[int, int, float]:
     """(warm-up calls, batches timed, target seconds per batch; 0: one call per batch)."""
-    if device.type in ("cuda", "mps"):
+    if device.type == "cuda":
         return (2, 10, 1e-3) if quick else (2, 30, 2e-3)
     # CPU: the big shapes take a second per call here, so --quick times a handful of calls.
     return (1, 3, 0.0) if quick else (2, 7, 20e-3)
 
 
-def _per_call(step, batch: int, reps: int, device_type: str) -> float:
-    """Median over `reps` batches of `batch` back-to-back step() calls, in seconds per call.
-    CUDA: events; MPS: the host clock around batches that end in a synchronize (torch has no
-    MPS events on every version this supports); CPU: the host clock."""
-    if device_type == "cuda":
+def _per_call(step, batch: int, reps: int, cuda: bool) -> float:
+    """Median over `reps` batches of `batch` back-to-back step() calls, in seconds per call."""
+    if cuda:
         events = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(reps)]
         for start, end in events:
             start.record()
@@ -349,14 +336,11 @@ def _per_call(step, batch: int, reps: int, device_type: str) -> float:
         torch.cuda.synchronize()
         times = [start.elapsed_time(end) * 1e-3 for start, end in events]
     else:
-        sync = torch.mps.synchronize if device_type == "mps" else lambda: None
         times = []
         for _ in range(reps):
-            sync()
             t0 = time.perf_counter()
             for _ in range(batch):
                 step()
-            sync()
             times.append(time.perf_counter() - t0)
     return statistics.median(times) / batch
 
@@ -364,6 +348,7 @@ def _per_call(step, batch: int, reps: int, device_type: str) -> float:
 def measure(t: Timed, device: torch.device, quick: bool = False) -> float:
     """Median seconds per call of t, after a warm-up that compiles and touches every set."""
     warmup, reps, target = _plan(device, quick)
+    cuda = device.type == "cuda"
     it = itertools.cycle(t.sets)  # one cycle throughout: no set is used twice in a row
     # Outputs stay alive for a whole rotation, so the allocator hands each call a different
     # output buffer: writes rotate through memory like the reads do.
@@ -378,8 +363,8 @@ def measure(t: Timed, device: torch.device, quick: bool = False) -> float:
             step()
         batch = 1
         if target:  # enough calls per batch to fill `target`, from one timed call
-            batch = min(1000, max(1, math.ceil(target / _per_call(step, 1, 1, device.type))))
-        return _per_call(step, batch, reps, device.type)
+            batch = min(1000, max(1, math.ceil(target / _per_call(step, 1, 1, cuda))))
+        return _per_call(step, batch, reps, cuda)
 
 
 def measure_device(t: Timed, quick: bool = False) -> float:
@@ -399,7 +384,7 @@ def measure_device(t: Timed, quick: bool = False) -> float:
             outputs = [t.call(*args) for args in t.sets]  # noqa: F841  (kept alive: distinct)
     graph.replay()
     replays = max(1, math.ceil(200 / len(t.sets)))
-    return _per_call(graph.replay, replays, reps, "cuda") / len(t.sets)
+    return _per_call(graph.replay, replays, reps, cuda=True) / len(t.sets)
 
 
 def _spin_up(device: torch.device, seconds: float = 0.5) -> None:
@@ -429,11 +414,6 @@ def copy_gbps(device: torch.device, quick: bool = False) -> float:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    if device.type == "mps":  # e.g. "Apple M2 Max": the GPU is part of the chip
-        chip = subprocess.run(
-            ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True
-        ).stdout.strip()
-        return f"{chip or 'Apple silicon'} GPU (MPS)"
     return f"CPU {platform.machine()}, {torch.get_num_threads()} threads"
 
 
@@ -441,7 +421,7 @@ def device_slug(name: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'h100', 'NVIDIA GeForce RTX 4090' -> 'rtx-4090'."""
     if name.startswith("CPU"):
         return "cpu"
-    drop = re.compile(r"nvidia|geforce|tesla|\d+gb|hbm\d*e?|mps")
+    drop = re.compile(r"nvidia|geforce|tesla|\d+gb|hbm\d*e?")
     words = [w for w in re.split(r"[^a-z0-9]+", name.lower()) if w and not drop.fullmatch(w)]
     return "-".join(words) or "gpu"
 
@@ -451,10 +431,6 @@ def _error(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0][:160]}"
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def run(
     ops=DEFAULT_OPS,
     dtypes=DEFAULT_DTYPES,
@@ -462,17 +438,15 @@ def run(
     quick: bool = False,
     with_compile: bool = True,
     log: Callable[[str], None] | None = print,
-    device: str | None = None,
 ) -> dict:
     """Time every (op, dtype, shape) cell for each provider; return the results as a dict.
 
-    ops: names as in select(); shapes: [(rows, N), ...], None for each op's own list; device:
-    "cuda", "mps" or "cpu", None for default_device(). Each cell
+    ops: names as in select(); shapes: [(rows, N), ...], None for each op's own list. Each cell
     holds median_us, gbps and pct_copy for each of providers() of its op (None where a provider
     failed, with the reason under errors).
     """
     log = log or (lambda s: None)
-    device = torch.device(device or default_device())
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = _device_name(device)
     copy = copy_gbps(device, quick)
     log(f"{name}: 2 GiB copy {copy:.0f} GB/s (bytes read + written)")
@@ -503,8 +477,6 @@ def run(
                     cell["device_us"][p] = cell["device_pct_copy"][p] = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # big shapes: let the next provider have the memory
-            elif device.type == "mps":
-                torch.mps.empty_cache()
             gbps = nbytes / us / 1e3 if us else None
             cell["median_us"][p], cell["gbps"][p] = us, gbps
             cell["pct_copy"][p] = 100 * gbps / copy if gbps else None
@@ -527,7 +499,7 @@ def run(
 
 def _unit(device_type: str) -> tuple[str, float, int]:
     """(unit, scale from µs, decimals): µs for GPU kernels, ms for the slower CPU ones."""
-    return ("µs", 1.0, 1) if device_type in ("cuda", "mps") else ("ms", 1e-3, 2)
+    return ("µs", 1.0, 1) if device_type == "cuda" else ("ms", 1e-3, 2)
 
 
 def _progress(cell: dict, device_type: str) -> str:
@@ -663,9 +635,6 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="bench/results", help="directory for .json and .png")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--no-plot", action="store_true", help="skip the .png")
-    ap.add_argument(
-        "--device", choices=("cuda", "mps", "cpu"), help="default: cuda if present, else cpu"
-    )
     args = ap.parse_args(argv)
     ops, dtypes = args.ops.split(","), args.dtypes.split(",")
     try:
@@ -675,14 +644,11 @@ def main(argv=None) -> None:
         ap.error(str(e))
     if unknown := [d for d in dtypes if d not in DTYPES]:
         ap.error(f"unknown dtype(s) {unknown}; known: {', '.join(DTYPES)}")
-    present = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
-    if not present.get(args.device, True):
-        ap.error(f"--device {args.device}: torch sees no such device here")
 
     def log(line: str) -> None:
         print(line, flush=True)
 
-    result = run(ops, dtypes, shapes, args.quick, not args.no_compile, log, args.device)
+    result = run(ops, dtypes, shapes, args.quick, not args.no_compile, log)
     print(table(result))
     for path in write(result, args.out, not args.no_plot):
         print(f"wrote {path}", flush=True)

@@ -153,8 +153,10 @@ kernel void norm_bwd_row(device const T* dy [[buffer(0)]],        // [rows, cols
   }
 }
 
-// As norm_bwd_row for rows of any length. Each column of the partials belongs to one thread,
-// which accumulates into it in device memory row after row.
+// As norm_bwd_row for rows of any length, in two passes over the threadgroup's rows: dx row by
+// row (two reads of the row), then the weight/bias partials one block of tg_size columns at a
+// time, each thread walking its column down the rows and summing in registers (one more read;
+// no read-modify-write of the partials in device memory).
 template <typename T, bool kRms>
 kernel void norm_bwd_looped(device const T* dy [[buffer(0)]],        // [rows, cols]
                             device const T* x [[buffer(1)]],         // [rows, cols]
@@ -171,34 +173,40 @@ kernel void norm_bwd_looped(device const T* dy [[buffer(0)]],        // [rows, c
                             uint tg_size [[threads_per_threadgroup]],
                             uint lane [[thread_index_in_simdgroup]],
                             uint simd [[simdgroup_index_in_threadgroup]]) {
-  const ulong part = ulong(tg) * p.cols;
-  for (uint c = tid; c < p.cols; c += tg_size) {
-    if (p.want_dw != 0) dw_part[part + c] = 0.0f;
-    if (p.want_db != 0) db_part[part + c] = 0.0f;
-  }
+  const uint row_begin = uint(ulong(p.rows) * tg / p.chunks);
   const uint row_end = uint(ulong(p.rows) * (tg + 1) / p.chunks);
-  for (uint row = uint(ulong(p.rows) * tg / p.chunks); row < row_end; ++row) {
+  for (uint row = row_begin; row < row_end && p.want_dx != 0; ++row) {
     const ulong base = ulong(row) * p.cols;
     const float mu = kRms ? 0.0f : mean[row];
     const float rs = rstd[row];
     float sg = 0.0f, sgx = 0.0f;
     for (uint c = tid; c < p.cols; c += tg_size) {
       const float d = float(dy[base + c]);
-      const float xh = (float(x[base + c]) - mu) * rs;
       const float g = p.has_weight != 0 ? d * w[c] : d;
       sg += g;
-      sgx += g * xh;
-      if (p.want_dw != 0) dw_part[part + c] += d * xh;
-      if (p.want_db != 0) db_part[part + c] += d;
+      sgx += g * ((float(x[base + c]) - mu) * rs);  // xh exactly as the dx pass rounds it
     }
-    if (p.want_dx == 0) continue;  // uniform: every thread skips the reductions alike
     const float c1 = kRms ? 0.0f : tg_sum(sg, scratch, tg_size, lane, simd) / float(p.cols);
     const float c2 = tg_sum(sgx, scratch, tg_size, lane, simd) / float(p.cols);
     for (uint c = tid; c < p.cols; c += tg_size) {
       const float xh = (float(x[base + c]) - mu) * rs;
-      const float g = p.has_weight != 0 ? float(dy[base + c]) * w[c] : float(dy[base + c]);
+      const float d = float(dy[base + c]);
+      const float g = p.has_weight != 0 ? d * w[c] : d;
       dx[base + c] = T(rs * (g - c1 - xh * c2));
     }
+  }
+  if (p.want_dw == 0 && p.want_db == 0) return;  // after the last barrier
+  const ulong part = ulong(tg) * p.cols;
+  for (uint c = tid; c < p.cols; c += tg_size) {
+    float dw_acc = 0.0f, db_acc = 0.0f;
+    for (uint row = row_begin; row < row_end; ++row) {
+      const ulong i = ulong(row) * p.cols + c;
+      const float d = float(dy[i]);
+      dw_acc += d * ((float(x[i]) - (kRms ? 0.0f : mean[row])) * rstd[row]);  // dy * xh
+      db_acc += d;
+    }
+    if (p.want_dw != 0) dw_part[part + c] = dw_acc;
+    if (p.want_db != 0) db_part[part + c] = db_acc;
   }
 }
 
