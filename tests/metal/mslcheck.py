@@ -39,7 +39,7 @@ CLANG = shutil.which("clang++")
 TYPECHECK_FLAGS = [
     "--target=aarch64-linux-gnu",  # a target with _Float16 and __bf16 for half and bfloat
     "-march=armv8.6-a+bf16",
-    "-std=c++17",
+    "-std=c++14",  # MSL 3.0 and 3.1 are C++14 dialects: no if constexpr, no structured bindings
     "-nostdinc",  # no libc/libm: a stray erf or std:: fails
     "-nostdinc++",
     "-Wall",

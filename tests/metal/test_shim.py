@@ -117,6 +117,11 @@ BAD_MSL = {
     ),
     "bfloat_in_3_0": "kernel void k(device bfloat* y [[buffer(0)]]) { y[0] = y[0]; }",
     "libm": "#include <math.h>\nkernel void k(device float* y [[buffer(0)]]) { y[0] = 1; }",
+    "cxx17": (
+        "template <typename T> kernel void k(device T* y [[buffer(0)]]) {\n"
+        "  if constexpr (sizeof(T) == 4) y[0] = 1; }\n"
+        'template [[host_name("k_float")]] kernel void k<float>(device float*);'
+    ),
 }
 
 
