@@ -356,9 +356,22 @@ _SET_BUFFER = re.compile(r"setBuffer:\s*(.+?)\s+offset:\s*(.+?)\s+atIndex:", re.
 _FORBIDDEN = re.compile(r"\b(computeCommandEncoder|endEncoding|commit|commitAndWait)\s*\]")
 
 
+def _dispatch_blocks(text: str) -> list[tuple[int, str]]:
+    """(offset, body) of each `dispatch_sync(queue, ^{ body })` block."""
+    blocks = []
+    for m in re.finditer(r"dispatch_sync\([^,]*,\s*\^\s*\{", text):
+        depth, i = 1, m.end()
+        while depth and i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        blocks.append((m.end(), text[m.end() : i - 1]))
+    return blocks
+
+
 def host_lint(text: str) -> list[str]:
     """What the compiler can't see in a host file: each buffer bound at its tensor's storage
-    offset in bytes, no encoder of our own, no fast math. Returns the problems found."""
+    offset in bytes, no encoder of our own, no check inside the stream's dispatch_sync block, no
+    fast math. Returns the problems found."""
     problems = []
 
     def line(pos: int) -> int:
@@ -384,6 +397,10 @@ def host_lint(text: str) -> list[str]:
             )
     for m in _FORBIDDEN.finditer(text):
         problems.append(f"line {line(m.start())}: {m.group(1)} on an encoder/command buffer")
+    for block in _dispatch_blocks(text):
+        # An exception out of a block on the stream's queue ends the process, not the op.
+        for m in re.finditer(r"\b(TORCH_CHECK\w*|TORCH_INTERNAL_ASSERT\w*|throw)\b", block[1]):
+            problems.append(f"line {line(block[0] + m.start())}: {m.group(1)} inside dispatch_sync")
     if re.search(r"fastMathEnabled\s*=\s*YES|MTLMathModeFast|MTLMathModeRelaxed", text):
         problems.append("fast math on: -inf masking in softmax needs IEEE exp/max")
     return problems
