@@ -2,7 +2,8 @@
 // ucontext fiber per thread; a fiber runs until it reaches threadgroup_barrier or a simd_*
 // function (the scheduling points), in forward or reverse thread order. Reports as errors (exit
 // status 3): a barrier that not every thread of the threadgroup reaches (or different barriers),
-// and a simd_* call that the live lanes of a SIMD group do not all make at the same place.
+// and a simd_* call that the live lanes of a SIMD group do not all make at the same place
+// (stricter than MSL, which runs such a call over the active lanes: no kernel here needs that).
 // Threadgroup memory is poisoned with NaN before each threadgroup. Device buffers and the scratch
 // are malloc'd at their exact sizes, so ASan sees every out-of-bounds access.
 //
