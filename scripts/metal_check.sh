@@ -20,8 +20,20 @@ fusedops_venv
 fusedops_pip "${FUSEDOPS_TEST_DEPS[@]}" pytest-xdist
 
 # --confcutdir: tests/conftest.py imports the built fusedops, which these checks don't need.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
 rc=0
 FUSEDOPS_METAL_CHECK=1 "$PY" -m pytest tests/metal --confcutdir=tests/metal -q \
-  -n "${MAX_JOBS:-2}" "$@" || rc=$?
-echo "metal: pytest exit status $rc (its summary line above counts passed and failed checks)"
+  -n "${MAX_JOBS:-2}" "$@" | tee "$log" || rc=$?
+count() { # the number before "$1" in pytest's summary line, 0 if absent
+  local n
+  n=$(grep -oE "[0-9]+ $1" "$log" | tail -n 1 | cut -d' ' -f1 || true)
+  echo "${n:-0}"
+}
+passed=$(count passed)
+failed=$(($(count failed) + $(count error)))
+if [ "$rc" != 0 ] && [ "$failed" = 0 ]; then
+  failed=1  # pytest itself failed (collection, usage): count the run as one failed check
+fi
+echo "metal: $passed passed, $failed failed"
 exit "$rc"

@@ -2,14 +2,16 @@
 // ucontext fiber per thread; a fiber runs until it reaches threadgroup_barrier or a simd_*
 // function (the scheduling points), in forward or reverse thread order. Reports as errors (exit
 // status 3): a barrier that not every thread of the threadgroup reaches (or different barriers),
-// and a simd_* call that the live lanes of a SIMD group do not all make at the same place.
+// and a simd_* call that the live lanes of a SIMD group do not all make at the same place
+// (stricter than MSL, which runs such a call over the active lanes: no kernel here needs that).
 // Threadgroup memory is poisoned with NaN before each threadgroup. Device buffers and the scratch
 // are malloc'd at their exact sizes, so ASan sees every out-of-bounds access.
 //
 //   runner list                      one line per kernel: name params_type params_size scratch
 //                                    buffer types (const ones prefixed "in:")
 //   runner run NAME ORDER GRID TG_SIZE SCRATCH_BYTES PARAMS_FILE BUFFER_FILE...
-//                                    ORDER is fwd or rev; writes the non-const buffers back
+//                                    ORDER: fwd, or rev (threads and threadgroups in reverse
+//                                    order); writes the non-const buffers back
 #include "msl_shim.h"
 // msl_shim.h first: emu.h undoes its keyword macros before the standard headers.
 #include <sys/mman.h>
@@ -290,7 +292,8 @@ int run(int argc, char** argv) {
   if (stacks == MAP_FAILED) fail("cannot map the fiber stacks");
   for (uint t = 0; t < tg_size; ++t)
     g_fibers[t].stack = static_cast<char*>(stacks) + t * kStackBytes;
-  for (uint tg = 0; tg < grid; ++tg) {
+  for (uint g = 0; g < grid; ++g) {
+    const uint tg = reverse ? grid - 1 - g : g;  // a result that depends on it is a race
     for (size_t i = 0; i < scratch_bytes / sizeof(float); ++i) scratch[i] = NAN;
     const Launch l{k, buffers.data(), params_copy, scratch, tg, tg_size};
     run_threadgroup(l, reverse);

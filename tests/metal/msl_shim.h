@@ -1,8 +1,10 @@
 // MSL as clang C++, for the Linux checks of metal/kernels (test infrastructure, never installed).
 // Two views of one source, picked by tests/metal/mslcheck.py:
 // - type check (default; clang --target=aarch64 -fsyntax-only -nostdinc): device / constant /
-//   threadgroup are clang address spaces 1 / 2 / 3, so mixing them fails as in MSL; half and
-//   bfloat are the target's _Float16 and __bf16; `double` is not a type.
+//   threadgroup are clang address spaces 1 / 2 / 3, so mixing them fails as in MSL (and a
+//   threadgroup array inside a kernel body fails: the kernels get threadgroup memory only as
+//   the host-sized scratch argument); half and bfloat are the target's _Float16 and __bf16;
+//   `double` is not a type; C++14, the dialect of MSL 3.0 and 3.1.
 // - emulation (MSL_SHIM_EMULATE, host build): the address spaces vanish, half and bfloat are
 //   16-bit classes rounding to nearest even, and threadgroup_barrier / simd_* are scheduling
 //   points of the fiber emulator (emu.cpp).

@@ -11,7 +11,10 @@ MSL that clang can't read as C++ is rewritten before compiling, in exactly two p
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import functools
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -36,7 +39,7 @@ CLANG = shutil.which("clang++")
 TYPECHECK_FLAGS = [
     "--target=aarch64-linux-gnu",  # a target with _Float16 and __bf16 for half and bfloat
     "-march=armv8.6-a+bf16",
-    "-std=c++17",
+    "-std=c++14",  # MSL 3.0 and 3.1 are C++14 dialects: no if constexpr, no structured bindings
     "-nostdinc",  # no libc/libm: a stray erf or std:: fails
     "-nostdinc++",
     "-Wall",
@@ -116,12 +119,29 @@ def typecheck(path: Path, version: int) -> dict[str, str]:
     return names
 
 
-def host_kernel_names() -> set[str]:
-    """The kernel names the host files ask for: pipeline("...") string literals."""
-    found: set[str] = set()
-    for mm in sorted(HOST_DIR.glob("*.mm")):
-        found |= set(re.findall(r'pipeline\(\s*"([^"]+)"\s*\)', mm.read_text()))
-    return found
+@functools.cache
+def embedded_header_dir() -> Path:
+    """Where setup.py's embed_metal_sources() writes fusedops_metal_source.h (kMetalSource: the
+    one MSL source the host compiles at run time), after running it. Locked: parallel test
+    workers would otherwise read it while one of them writes it."""
+    spec = importlib.util.spec_from_file_location("fusedops_setup", ROOT / "setup.py")
+    setup_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup_py)
+    BUILD.mkdir(parents=True, exist_ok=True)
+    with open(BUILD / "embed.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Path(setup_py.embed_metal_sources())
+
+
+def embedded_source() -> Path:
+    """kMetalSource as a .metal file, as the host compiles it."""
+    header = (embedded_header_dir() / "fusedops_metal_source.h").read_text()
+    m = re.search(r'R"(\w*)\(\n(.*)\)\1";', header, re.S)
+    if m is None:
+        raise CheckError("fusedops_metal_source.h holds no raw string literal")
+    out = BUILD / f"embedded-{os.getpid()}.metal"
+    out.write_text(m.group(2))
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -280,10 +300,11 @@ def _build_emulator(path: Path, defines: list[str]) -> Path:
 # --------------------------------------------------------------------------------------------
 
 MACOS_TORCH = ROOT / "build" / "macos-torch"
+# As setup.py compiles the .mm on macOS (ARC, FUSEDOPS_WITH_MPS); C++17: the oldest standard
+# the supported torch versions accept.
 HOST_FLAGS = [
     "-x", "objective-c++", "-std=c++17", "-fobjc-arc", "-fblocks", "-fobjc-runtime=macosx-11.0",
-    "-fsyntax-only", "-Wall", "-Werror=objc-method-access",
-    "-DFUSEDOPS_WITH_MPS",  # as setup.py builds the .mm files
+    "-DFUSEDOPS_WITH_MPS", "-fsyntax-only", "-Wall", "-Werror=objc-method-access",
 ]  # fmt: skip
 # The SDKs the host is read against: macOS 14's, and macOS 15's (MTLCompileOptions.mathMode).
 SDKS = {
@@ -318,7 +339,8 @@ def host_syntax_check(mm: Path, sdk: str, include_root: Path = ROOT / "csrc") ->
     inc = macos_torch_include()
     cmd = [CLANG, *HOST_FLAGS, *SDKS[sdk], "-isystem", str(inc)]
     cmd += ["-isystem", str(inc / "torch" / "csrc" / "api" / "include")]
-    cmd += [f"-I{HERE / 'stubs'}", f"-I{include_root}", f"-I{ROOT / 'csrc'}", f"-I{ROOT}", str(mm)]
+    cmd += [f"-I{HERE / 'stubs'}", f"-I{include_root}", f"-I{ROOT / 'csrc'}", f"-I{ROOT}"]
+    cmd += [f"-I{embedded_header_dir()}", str(mm)]
     r = _run(cmd)
     if r.returncode:
         raise CheckError(f"{mm.name} ({sdk}):\n{r.stderr}")
@@ -334,9 +356,22 @@ _SET_BUFFER = re.compile(r"setBuffer:\s*(.+?)\s+offset:\s*(.+?)\s+atIndex:", re.
 _FORBIDDEN = re.compile(r"\b(computeCommandEncoder|endEncoding|commit|commitAndWait)\s*\]")
 
 
+def _dispatch_blocks(text: str) -> list[tuple[int, str]]:
+    """(offset, body) of each `dispatch_sync(queue, ^{ body })` block."""
+    blocks = []
+    for m in re.finditer(r"dispatch_sync\([^,]*,\s*\^\s*\{", text):
+        depth, i = 1, m.end()
+        while depth and i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        blocks.append((m.end(), text[m.end() : i - 1]))
+    return blocks
+
+
 def host_lint(text: str) -> list[str]:
     """What the compiler can't see in a host file: each buffer bound at its tensor's storage
-    offset in bytes, no encoder of our own, no fast math. Returns the problems found."""
+    offset in bytes, no encoder of our own, no check inside the stream's dispatch_sync block, no
+    fast math. Returns the problems found."""
     problems = []
 
     def line(pos: int) -> int:
@@ -362,6 +397,10 @@ def host_lint(text: str) -> list[str]:
             )
     for m in _FORBIDDEN.finditer(text):
         problems.append(f"line {line(m.start())}: {m.group(1)} on an encoder/command buffer")
+    for block in _dispatch_blocks(text):
+        # An exception out of a block on the stream's queue ends the process, not the op.
+        for m in re.finditer(r"\b(TORCH_CHECK\w*|TORCH_INTERNAL_ASSERT\w*|throw)\b", block[1]):
+            problems.append(f"line {line(block[0] + m.start())}: {m.group(1)} inside dispatch_sync")
     if re.search(r"fastMathEnabled\s*=\s*YES|MTLMathModeFast|MTLMathModeRelaxed", text):
         problems.append("fast math on: -inf masking in softmax needs IEEE exp/max")
     return problems

@@ -88,10 +88,12 @@ SOFTMAX_COLS = [1, 37, 300, 1000]  # one element, a partial SIMD group, tails, >
 
 
 def softmax_input(cols: int, dtype: torch.dtype) -> torch.Tensor:
-    x = make_input((4, cols), dtype)
+    x = make_input((6, cols), dtype)
     x[1, ::3] = -math.inf  # some -inf
     x[2] = -math.inf  # a row of all -inf: NaN, as torch
     x[3] += 40.0  # far from 0: the max must be subtracted
+    x[4, 0] = math.nan  # NaN anywhere: a NaN row
+    x[5, -1] = math.inf  # +inf: a NaN row, as torch
     return x
 
 
@@ -202,46 +204,43 @@ def test_norm_forward(type, op, tier, cols, affine):
         )
 
 
-@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+# affine: dx, dw and db; plain: dx only; params: dw and db only (fused layers whose input
+# needs no gradient): dx must stay untouched.
+@pytest.mark.parametrize("grads", ["affine", "plain", "params"])
 @pytest.mark.parametrize("cols", NORM_COLS)
 @pytest.mark.parametrize("tier", ["row", "looped"])
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
 @pytest.mark.parametrize("type", DTYPES)
-def test_norm_backward(type, op, tier, cols, affine):
+def test_norm_backward(type, op, tier, cols, grads):
     dtype, rows, chunks = DTYPES[type], 5, 2  # rows 0-1 and 2-4: an uneven split
+    affine, want_dx = grads != "plain", grads != "params"
     x = make_input((rows, cols), dtype, shift=2.0)
     dy = make_input((rows, cols), dtype)
     w, b = make_input(cols), make_input(cols)
     x64 = x.double().requires_grad_()
     w64 = w.double().requires_grad_() if affine else None
     b64 = b.double().requires_grad_() if affine and op == "layer_norm" else None
-    y64 = norm_torch(op, x64, w64, b64)
-    y64.backward(dy.double())
+    norm_torch(op, x64, w64, b64).backward(dy.double())
     mean = x64.detach().mean(1) if op == "layer_norm" else torch.zeros(rows, dtype=torch.float64)
     rstd = ((x64.detach() - mean[:, None]).pow(2).mean(1) + EPS).rsqrt()
-    want_db = int(affine and op == "layer_norm")
-    params = norm_params(
-        op, rows, cols, affine=affine, chunks=chunks, want=(1, int(affine), want_db)
-    )
+    want = (int(want_dx), int(affine), int(b64 is not None))
+    params = norm_params(op, rows, cols, affine=affine, chunks=chunks, want=want)
     parts = [poisoned((chunks, cols)), poisoned((chunks, cols))]
     buffers = [dy, x, mean.float(), rstd.float(), w, poisoned(x.shape, dtype), *parts]
-    out = run(
-        "norms",
-        f"{op}_bwd_{tier}_{type}",
-        buffers,
-        params,
-        grid=chunks,
-        tg_size=threads(tier, cols),
-    )
+    tg_size = threads(tier, cols)
+    out = run("norms", f"{op}_bwd_{tier}_{type}", buffers, params, grid=chunks, tg_size=tg_size)
 
     xt = x.clone().requires_grad_()
     wt = w.to(dtype).requires_grad_() if affine else None
     bt = b.to(dtype).requires_grad_() if b64 is not None else None
     norm_torch(op, xt, wt, bt).backward(dy)
-    assert_close_to_reference(out[5], xt.grad, x64.grad, dtype, f"{op} dx")
+    if want_dx:
+        assert_close_to_reference(out[5], xt.grad, x64.grad, dtype, f"{op} dx")
+    else:
+        assert out[5].isnan().all(), f"{op}: dx written though not wanted"
     if affine:
         assert_close_to_reference(colsum(out[6]).to(dtype), wt.grad, w64.grad, dtype, f"{op} dw")
-    if want_db:
+    if b64 is not None:
         assert_close_to_reference(colsum(out[7]).to(dtype), bt.grad, b64.grad, dtype, f"{op} db")
 
 
@@ -249,68 +248,58 @@ def test_norm_backward(type, op, tier, cols, affine):
 # bias_gelu
 # --------------------------------------------------------------------------------------------
 
-GELU_TG = 32
 APPROX = {"none": 0, "tanh": 1}
+GELU_ROWS = 37  # three chunks of the host's 16 rows, the last one partial
+GELU_COLS = [1, 70, 300]  # one column, a partial SIMD group, two column blocks
 
 
-def gelu_params(rows, cols, approx, has_bias, want_dbias, rows_per_chunk):
-    return {
+def gelu_launch(rows, cols, approx, has_bias, want_dbias):
+    """The host's plan (bias_gelu.mm): params, threadgroups, threads, chunks."""
+    threads = min(256, math.ceil(cols / 32) * 32)
+    col_blocks = math.ceil(cols / threads)
+    rows_per_chunk = max(16, math.ceil(rows / 1024))
+    chunks = math.ceil(rows / rows_per_chunk)
+    params = {
         "rows": rows,
         "cols": cols,
         "approx": APPROX[approx],
         "has_bias": int(has_bias),
         "want_dbias": int(want_dbias),
         "rows_per_chunk": rows_per_chunk,
-        "col_blocks": math.ceil(cols / GELU_TG),
+        "col_blocks": col_blocks,
     }
+    return params, col_blocks * chunks, threads, chunks
 
 
-def gelu_grid(rows, cols, rows_per_chunk):
-    return math.ceil(rows / rows_per_chunk) * math.ceil(cols / GELU_TG)
-
-
-@pytest.mark.parametrize("cols", [1, 70])
+@pytest.mark.parametrize("cols", GELU_COLS)
 @pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("approx", APPROX)
 @pytest.mark.parametrize("type", DTYPES)
 def test_bias_gelu_forward(type, approx, has_bias, cols):
-    dtype, rows, rpc = DTYPES[type], 5, 2
+    dtype, rows = DTYPES[type], GELU_ROWS
     x, b = make_input((rows, cols), dtype), make_input(cols, dtype)
-    params = gelu_params(rows, cols, approx, has_bias, False, rpc)
+    params, grid, tg_size, _ = gelu_launch(rows, cols, approx, has_bias, False)
+    buffers = [x, b, poisoned(x.shape, dtype)]
     out = run(
-        "bias_gelu",
-        f"bias_gelu_fwd_rows_{type}",
-        [x, b, poisoned(x.shape, dtype)],
-        params,
-        grid=gelu_grid(rows, cols, rpc),
-        tg_size=GELU_TG,
+        "bias_gelu", f"bias_gelu_fwd_rows_{type}", buffers, params, grid=grid, tg_size=tg_size
     )
     bias = b if has_bias else torch.zeros_like(b)
     ref = F.gelu(x.double() + bias.double(), approximate=approx)
     assert_close_to_reference(out[2], F.gelu(x + bias, approximate=approx), ref, dtype, "bias_gelu")
 
 
-@pytest.mark.parametrize("cols", [1, 70])
+@pytest.mark.parametrize("cols", GELU_COLS)
 @pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("approx", APPROX)
 @pytest.mark.parametrize("type", DTYPES)
 def test_bias_gelu_backward(type, approx, has_bias, cols):
-    dtype, rows, rpc = DTYPES[type], 5, 2
-    x, b, dy = (
-        make_input((rows, cols), dtype),
-        make_input(cols, dtype),
-        make_input((rows, cols), dtype),
-    )
-    chunks = math.ceil(rows / rpc)
-    params = gelu_params(rows, cols, approx, has_bias, has_bias, rpc)
+    dtype, rows = DTYPES[type], GELU_ROWS
+    x, dy = make_input((rows, cols), dtype), make_input((rows, cols), dtype)
+    b = make_input(cols, dtype)
+    params, grid, tg_size, chunks = gelu_launch(rows, cols, approx, has_bias, has_bias)
     buffers = [dy, x, b, poisoned(x.shape, dtype), poisoned((chunks, cols))]
     out = run(
-        "bias_gelu",
-        f"bias_gelu_bwd_rows_{type}",
-        buffers,
-        params,
-        grid=gelu_grid(rows, cols, rpc),
-        tg_size=GELU_TG,
+        "bias_gelu", f"bias_gelu_bwd_rows_{type}", buffers, params, grid=grid, tg_size=tg_size
     )
     bias = b if has_bias else torch.zeros_like(b)
     x64, b64 = x.double().requires_grad_(), bias.double().requires_grad_()
@@ -319,9 +308,8 @@ def test_bias_gelu_backward(type, approx, has_bias, cols):
     F.gelu(xt + bt, approximate=approx).backward(dy)
     assert_close_to_reference(out[3], xt.grad, x64.grad, dtype, "bias_gelu dx")
     if has_bias:
-        assert_close_to_reference(
-            colsum(out[4]).to(dtype), bt.grad, b64.grad, dtype, "bias_gelu dbias"
-        )
+        db = colsum(out[4]).to(dtype)
+        assert_close_to_reference(db, bt.grad, b64.grad, dtype, "bias_gelu dbias")
 
 
 # The host's largest threadgroups: 1024 threads (32 SIMD groups, every scratch slot), the row tier
@@ -331,7 +319,7 @@ def test_bias_gelu_backward(type, approx, has_bias, cols):
 )
 def test_softmax_forward_1024_threads(tier, cols):
     x = softmax_input(cols, torch.float32)
-    params = {"rows": 4, "cols": cols, "log": 0}
+    params = {"rows": x.shape[0], "cols": cols, "log": 0}
     tg_size = threads("row", cols) if tier == "row" else 1024
     assert tg_size == 1024
     out = run(
@@ -339,7 +327,21 @@ def test_softmax_forward_1024_threads(tier, cols):
         f"softmax_fwd_{tier}_float",
         [x, poisoned(x.shape)],
         params,
-        grid=4,
+        grid=x.shape[0],
         tg_size=tg_size,
     )
     assert_softmax_close(out[1], torch.softmax(x, -1), x)
+
+
+@pytest.mark.parametrize(
+    "tier, cols", [("row", ROW_VALUES * 1024), ("looped", ROW_VALUES * 1024 + 37)]
+)
+def test_layer_norm_forward_1024_threads(tier, cols):
+    x, w, b = make_input((2, cols), shift=2.0), make_input(cols), make_input(cols)
+    tg_size = threads("row", cols) if tier == "row" else 1024
+    assert tg_size == 1024
+    buffers = [x, w, b, poisoned(x.shape), poisoned((2,)), poisoned((2,))]
+    params = norm_params("layer_norm", 2, cols, affine=True)
+    out = run("norms", f"layer_norm_fwd_{tier}_float", buffers, params, grid=2, tg_size=tg_size)
+    ref = norm_torch("layer_norm", x.double(), w.double(), b.double())
+    assert_close_to_reference(out[3], norm_torch("layer_norm", x, w, b), ref, torch.float32)

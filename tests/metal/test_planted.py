@@ -16,6 +16,7 @@ BUGS = {
     "early_return": (2, "divergent barrier"),
     "out_of_bounds_read": (3, "heap-buffer-overflow"),
     "uninit_scratch": (4, None),
+    "divergent_simd": (5, "divergent simd_* call"),
 }
 
 

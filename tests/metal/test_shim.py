@@ -5,7 +5,15 @@ import functools
 import re
 
 import pytest
-from mslcheck import HERE, HOST_DIR, KERNEL_DIR, METAL_VERSIONS, CheckError, typecheck
+from mslcheck import (
+    HERE,
+    HOST_DIR,
+    KERNEL_DIR,
+    METAL_VERSIONS,
+    CheckError,
+    embedded_source,
+    typecheck,
+)
 
 METAL_FILES = sorted(KERNEL_DIR.glob("*.metal"))
 TYPES = ("float", "half", "bfloat")
@@ -27,6 +35,13 @@ def test_kernels_exist():
 @pytest.mark.parametrize("path", METAL_FILES, ids=lambda p: p.name)
 def test_typecheck(path, version):
     typecheck(path, version)
+
+
+@pytest.mark.parametrize("version", METAL_VERSIONS, ids=lambda v: f"metal{v / 100:.1f}")
+def test_embedded_source(version):
+    """The one source the host compiles at run time (setup.py concatenates the files): it
+    compiles as a whole and holds every kernel."""
+    assert typecheck(embedded_source(), version) == names(version)
 
 
 def test_bfloat_only_in_metal_3_1():
@@ -92,8 +107,13 @@ def test_every_host_name_exists():
     assert not missing, f"the host asks for kernels no .metal file defines: {missing}"
 
 
-# The shim's own promises: what MSL rejects, the type check rejects.
+# The shim's own promises: what MSL (or the kernel contract) rejects, the type check rejects.
 BAD_MSL = {
+    # The contract: threadgroup memory only as the host-sized scratch argument.
+    "threadgroup_array_in_body": (
+        "kernel void k(device float* y [[buffer(0)]]) {\n"
+        "  threadgroup float s[32];\n  s[0] = y[0];\n  y[0] = s[0]; }"
+    ),
     "erf": "kernel void k(device float* y [[buffer(0)]]) { y[0] = erf(y[0]); }",
     "double": "kernel void k(device float* y [[buffer(0)]]) { double d = y[0]; y[0] = d; }",
     "address_space": (
@@ -102,6 +122,11 @@ BAD_MSL = {
     ),
     "bfloat_in_3_0": "kernel void k(device bfloat* y [[buffer(0)]]) { y[0] = y[0]; }",
     "libm": "#include <math.h>\nkernel void k(device float* y [[buffer(0)]]) { y[0] = 1; }",
+    "cxx17": (
+        "template <typename T> kernel void k(device T* y [[buffer(0)]]) {\n"
+        "  if constexpr (sizeof(T) == 4) y[0] = 1; }\n"
+        'template [[host_name("k_float")]] kernel void k<float>(device float*);'
+    ),
 }
 
 

@@ -6,6 +6,7 @@
 #define EARLY_RETURN 2        // threads with no column leave before the barrier
 #define OUT_OF_BOUNDS_READ 3  // reads one element past the row
 #define UNINIT_SCRATCH 4      // group 0 reads all 32 scratch slots, written or not
+#define DIVERGENT_SIMD 5      // a simd_sum that half the lanes of a SIMD group skip
 #ifndef PLANTED_BUG
 #define PLANTED_BUG 0
 #endif
@@ -36,7 +37,11 @@ kernel void row_sum(device const T* x [[buffer(0)]],  // [rows, cols]
 #endif
     acc += float(row[i]);
   }
+#if PLANTED_BUG == DIVERGENT_SIMD
+  if (lane < 16) acc = simd_sum(acc);  // half the lanes: the emulator wants all live lanes
+#else
   acc = simd_sum(acc);
+#endif
   if (lane == 0) {
     scratch[simd] = acc;
   }

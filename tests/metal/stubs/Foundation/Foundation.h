@@ -12,8 +12,12 @@ typedef signed char BOOL;
 #define YES ((BOOL)1)
 #define NO ((BOOL)0)
 #define nil nullptr
-#define NS_ENUM(type, name) enum name : type name; enum name : type
-#define NS_OPTIONS(type, name) enum name : type name; enum name : type
+#define NS_ENUM(type, name) \
+  enum name : type name;    \
+  enum name : type
+#define NS_OPTIONS(type, name) \
+  enum name : type name;       \
+  enum name : type
 
 @protocol NSObject
 - (instancetype)retain;

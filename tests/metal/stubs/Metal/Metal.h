@@ -15,26 +15,26 @@ static inline MTLSize MTLSizeMake(NSUInteger width, NSUInteger height, NSUIntege
   return size;
 }
 
-typedef NS_OPTIONS(NSUInteger, MTLResourceOptions){
-    MTLResourceStorageModeShared = 0,
-    MTLResourceStorageModePrivate = 1 << 4,
+typedef NS_OPTIONS(NSUInteger, MTLResourceOptions) {
+  MTLResourceStorageModeShared = 0,
+  MTLResourceStorageModePrivate = 1 << 4,
 };
 
-typedef NS_ENUM(NSUInteger, MTLLanguageVersion){
-    MTLLanguageVersion3_0 = (3 << 16) + 0,
-    MTLLanguageVersion3_1 = (3 << 16) + 1,
-    MTLLanguageVersion3_2 = (3 << 16) + 2,
+typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
+  MTLLanguageVersion3_0 = (3 << 16) + 0,
+  MTLLanguageVersion3_1 = (3 << 16) + 1,
+  MTLLanguageVersion3_2 = (3 << 16) + 2,
 };
 
-typedef NS_ENUM(NSInteger, MTLMathMode){
-    MTLMathModeSafe = 0,
-    MTLMathModeRelaxed = 1,
-    MTLMathModeFast = 2,
+typedef NS_ENUM(NSInteger, MTLMathMode) {
+  MTLMathModeSafe = 0,
+  MTLMathModeRelaxed = 1,
+  MTLMathModeFast = 2,
 };
 
-typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions){
-    MTLMathFloatingPointFunctionsFast = 0,
-    MTLMathFloatingPointFunctionsPrecise = 1,
+typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions) {
+  MTLMathFloatingPointFunctionsFast = 0,
+  MTLMathFloatingPointFunctionsPrecise = 1,
 };
 
 @protocol MTLDevice;
