@@ -58,10 +58,12 @@ def test_demo_smoke(device, tmp_path, monkeypatch, capsys):
             p = res["profile"][when][phase]
             assert p["steps"] == 3 and p["step_us"] > 0 and p["ops"] and p["peak_bytes"] > 0
     # CPU counts top-level op calls: fewer once fused (one mlp_fwd for 3 calls). CUDA counts
-    # kernels: an erf-GELU MLP is GEMM, bias_gelu, GEMM fused or not, so never more.
-    for phase in ("inference", "training"):
-        before, after = (res["profile"][w][phase]["launches"] for w in ("before", "after"))
-        assert after < before if device == "cpu" else after <= before
+    # kernels: an erf-GELU MLP is GEMM, bias_gelu, GEMM fused or not, so inference never has
+    # more; its training step has more (the fused backward's column sums), as the README says.
+    launches = {w: res["profile"][w] for w in ("before", "after")}
+    for phase in ("inference", "training") if device == "cpu" else ("inference",):
+        before, after = (launches[w][phase]["launches"] for w in ("before", "after"))
+        assert after < before if device == "cpu" else after <= before, (phase, before, after)
     assert math.isfinite(res["copy_gbps"]) and res["copy_gbps"] > 0
 
     # the checkpoint is cached: a second load does not train

@@ -27,9 +27,9 @@ class Config:
     mlp_ratio: int = 4
     image: int = 28  # side of the resized image
     patch: int = 2  # tokens = (image / patch)^2 + 1
-    epochs: int = 10
+    epochs: int = 20
     batch: int = 64
-    lr: float = 1e-3
+    lr: float = 1e-4  # 1e-3 left the 768-wide, 6-deep model at 22% (measured on an H100)
     seed: int = 0
 
     @property
@@ -42,7 +42,7 @@ class Config:
 
 
 FULL = Config()
-QUICK = Config(d_model=64, heads=4, depth=2, image=8, epochs=10)
+QUICK = Config(d_model=64, heads=4, depth=2, image=8, epochs=10, lr=1e-3)
 
 
 class Attention(nn.Module):
