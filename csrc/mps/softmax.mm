@@ -11,7 +11,7 @@ namespace fusedops {
 namespace {
 
 at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
-  const SoftmaxProblem p = check_softmax_fwd(input, dim);
+  const SoftmaxProblem p = check_softmax_fwd(input, dim, log);
   const char* type = mps::metal_type("softmax", input);
   mps::check_fits_u32("softmax", p.rows, p.cols);
   const at::Tensor x = to_rows(input, p.dim);
@@ -26,7 +26,7 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
 
 at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                        bool log) {
-  const SoftmaxProblem p = check_softmax_bwd(grad_output, output, dim);
+  const SoftmaxProblem p = check_softmax_bwd(grad_output, output, dim, log);
   const char* type = mps::metal_type("softmax_backward", output);
   mps::check_fits_u32("softmax_backward", p.rows, p.cols);
   const at::Tensor dy = to_rows(grad_output, p.dim);
