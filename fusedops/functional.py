@@ -1,5 +1,6 @@
 """Fused ops with torch.nn.functional's names and signatures."""
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -79,17 +80,40 @@ def layer_norm(
     return ops.layer_norm_fwd.default(input, shape, weight, bias, eps)[0]
 
 
+def _torch_rms_norm_rules() -> tuple[bool, bool]:
+    """How the running torch's rms_norm treats fp16/bf16 input, probed once: torch 2.4 takes the
+    input dtype's epsilon as the default eps and promotes the result to an fp32 weight's dtype;
+    later versions take fp32's epsilon and keep the input dtype. fusedops follows the torch it
+    runs with, so a swap changes nothing on either."""
+    x = torch.full((1,), 1e-3, dtype=torch.bfloat16)
+    eps_of_input_dtype = torch.rms_norm(x, [1]).item() < 0.5  # 1e-3 / sqrt(1e-6 + eps)
+    with warnings.catch_warnings():  # newer torch warns that mixed dtypes skip its fused kernel
+        warnings.simplefilter("ignore")
+        promotes_to_weight = torch.rms_norm(x, [1], torch.ones(1)).dtype == torch.float32
+    return eps_of_input_dtype, promotes_to_weight
+
+
+_RMS_EPS_OF_INPUT_DTYPE, _RMS_PROMOTES_TO_WEIGHT = _torch_rms_norm_rules()
+
+
 def rms_norm(
     input: torch.Tensor,
     normalized_shape: int | Sequence[int],
     weight: torch.Tensor | None = None,
     eps: float | None = None,
 ) -> torch.Tensor:
-    """rms_norm as torch.nn.functional.rms_norm, fused like layer_norm. eps=None is torch's
-    default: the epsilon of the accumulation type (fp32 for fp16/bf16/fp32 input)."""
+    """rms_norm as torch.nn.functional.rms_norm, fused like layer_norm. eps=None is the running
+    torch's default: the accumulation type's epsilon (fp32's for fp16/bf16/fp32 input; torch 2.4:
+    the input dtype's)."""
     _tensor("rms_norm", "input", input)
     _optional_tensor("rms_norm", "weight", weight)
-    return ops.rms_norm_fwd.default(input, _shape("rms_norm", normalized_shape), weight, eps)[0]
+    half = input.dtype in (torch.float16, torch.bfloat16)
+    if eps is None and half and _RMS_EPS_OF_INPUT_DTYPE:
+        eps = torch.finfo(input.dtype).eps
+    out = ops.rms_norm_fwd.default(input, _shape("rms_norm", normalized_shape), weight, eps)[0]
+    if half and _RMS_PROMOTES_TO_WEIGHT and weight is not None and weight.dtype == torch.float32:
+        return out.float()
+    return out
 
 
 def bias_gelu(input: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:
