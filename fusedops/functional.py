@@ -107,13 +107,14 @@ def rms_norm(
     the input dtype's)."""
     _tensor("rms_norm", "input", input)
     _optional_tensor("rms_norm", "weight", weight)
+    shape = _shape("rms_norm", normalized_shape)
     half = input.dtype in (torch.float16, torch.bfloat16)
     if eps is None and half and _RMS_EPS_OF_INPUT_DTYPE:
         eps = torch.finfo(input.dtype).eps
-    out = ops.rms_norm_fwd.default(input, _shape("rms_norm", normalized_shape), weight, eps)[0]
     if half and _RMS_PROMOTES_TO_WEIGHT and weight is not None and weight.dtype == torch.float32:
-        return out.float()
-    return out
+        # torch 2.4: normalized in the input dtype, then times the weight, in fp32
+        return ops.rms_norm_fwd.default(input, shape, None, eps)[0] * weight
+    return ops.rms_norm_fwd.default(input, shape, weight, eps)[0]
 
 
 def bias_gelu(input: torch.Tensor, bias: torch.Tensor, approximate: str = "none") -> torch.Tensor:

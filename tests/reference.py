@@ -185,6 +185,25 @@ def _norm_terms(x, normalized_shape, eps, rms):
     return dims, x64, rstd, (x64.abs() + mean_abs) * rstd
 
 
+def rms_norm_default_eps(dtype: torch.dtype) -> float:
+    """The running torch's rms_norm eps=None for an input dtype (fusedops follows it): the
+    accumulation type's epsilon, or on torch 2.4 the input dtype's."""
+    from fusedops.functional import _RMS_EPS_OF_INPUT_DTYPE
+
+    if _RMS_EPS_OF_INPUT_DTYPE:
+        return torch.finfo(dtype).eps
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
+def rms_norm_out_dtype(dtype: torch.dtype, weight_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype rms_norm returns: the input's, or on torch 2.4 an fp32 weight's."""
+    from fusedops.functional import _RMS_PROMOTES_TO_WEIGHT
+
+    if _RMS_PROMOTES_TO_WEIGHT and weight_dtype is not None:
+        return torch.promote_types(dtype, weight_dtype)
+    return dtype
+
+
 def _param64(p, normalized_shape):
     return torch.ones(normalized_shape, dtype=torch.float64) if p is None else _as64(p)
 

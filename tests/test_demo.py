@@ -15,6 +15,7 @@ TINY = dataclasses.replace(predictor.QUICK, d_model=32, heads=2, depth=1, epochs
 
 
 def test_demo_smoke(device, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("sklearn")  # the demo's data (an optional extra: scripts/test.sh has it)
     monkeypatch.setattr(predictor, "QUICK", TINY)
     out, cache = tmp_path / "out", tmp_path / "cache"
     argv = ["--quick", "--device", device, "--out", str(out), "--cache", str(cache), "--no-compile"]
@@ -81,6 +82,7 @@ def test_predictor_shapes():
 
 
 def test_digits_split():
+    pytest.importorskip("sklearn")
     xtr, ytr, xte, yte = predictor.digits(8)
     assert xtr.shape[1:] == (8, 8) and len(xtr) + len(xte) == 1797 and len(yte) == len(xte)
     assert 0 <= xtr.min() and xtr.max() <= 1

@@ -9,7 +9,7 @@ import gc
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import capture_cuda_graph
+from reference import capture_cuda_graph, rms_norm_default_eps, rms_norm_out_dtype
 
 import fusedops
 from fusedops._ops import ops
@@ -64,10 +64,8 @@ def _call(fn, op, x, shape, w, b, eps):
 
 
 def _ref_eps(op, dtype, eps):
-    """torch's rms_norm eps=None: the epsilon of the accumulation type, fixed here for fp64."""
-    if op == "rms_norm" and eps is None:
-        return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
-    return eps
+    """torch's rms_norm eps=None for this dtype, fixed for the fp64 reference."""
+    return rms_norm_default_eps(dtype) if op == "rms_norm" and eps is None else eps
 
 
 def _params(op, mode, shape, dtype, device):
@@ -101,6 +99,8 @@ def _check(op, x, shape, w, b, eps, grad=True, unchecked=()):
     _poison(x.device.type)
     y = _call(_fused(op), op, ox, shape, ow, ob, eps)
     yt = _call(_torch(op), op, tx, shape, tw, tb, eps)
+    if op == "rms_norm" and ow is not None:
+        yt = yt.to(rms_norm_out_dtype(x.dtype, ow.dtype))  # torch at x's dtype, then as mixed
     yr = _call(_torch(op), op, rx, shape, rw, rb, _ref_eps(op, x.dtype, eps))
     _close(y, yt, yr, f"{op} forward")
     if not grad:

@@ -21,6 +21,8 @@ from reference import (
     assert_softmax_backward_close,
     norm_backward_scales,
     norm_scale,
+    rms_norm_default_eps,
+    rms_norm_out_dtype,
     softmax_ref,
     softmax_scale,
 )
@@ -247,16 +249,13 @@ def test_norm_properties(device, op, spec, k, affine, eps):
         prepared("cpu", torch.float64),
     )
     fused, theirs = getattr(fusedops, op), getattr(F, op)
-    if rms and eps is None:
-        # fusedops' and torch's default: the epsilon of the accumulation type.
-        ref_eps = torch.finfo(torch.float64 if spec.dtype == torch.float64 else torch.float32).eps
-    else:
-        ref_eps = eps
+    ref_eps = rms_norm_default_eps(spec.dtype) if rms and eps is None else eps
     out = run(fused, ours_in)
     torch_out = run(theirs, torch_in)
     ref = run(lambda xi, s, wi, *rest: theirs(xi, s, wi, *rest[:-1], ref_eps), ref_in)
     scale = norm_scale(x, shape, w, b, ref_eps, rms)
-    _judge(out, torch_out, ref, spec.dtype, "forward", scale)
+    out_dtype = rms_norm_out_dtype(spec.dtype, pdtype if w is not None else None) if rms else None
+    _judge(out, torch_out, ref, out_dtype or spec.dtype, "forward", scale)
     if not grad_ok:
         return
     grad = _grad_like(out, spec.seed)
