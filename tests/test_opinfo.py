@@ -69,11 +69,6 @@ NORMS = ("nn.functional.layer_norm", "nn.functional.rms_norm")
 NOT_DIFFERENTIATED = {"_softmax_backward_data"}  # its own backward is softmax's double backward
 
 
-def _cuda_fp64(s):
-    # A current limitation: the CUDA norms have no fp64 kernels yet (torch has them).
-    return s.input.is_cuda and s.input.dtype == torch.float64
-
-
 def _negative_eps(s):
     eps = s.kwargs.get("eps")
     return eps is not None and eps < 0
@@ -85,7 +80,6 @@ def _negative_eps(s):
 EXPECTED_ERRORS = {
     op: (_negative_eps, ValueError, "eps must be a finite number >= 0") for op in NORMS
 }
-CUDA_FP64_ERROR = (_cuda_fp64, TypeError, "float64 input is not supported on CUDA")
 
 OPINFOS = [o for o in op_db if o.name in FUSEDOPS_OF and o.variant_test_name == ""]
 
@@ -163,8 +157,6 @@ def test_opinfo_samples(device, opinfo, dtype):
     if device == "mps" and dtype == torch.float64:
         pytest.skip("MPS has no float64")
     expected = EXPECTED_ERRORS.get(opinfo.name)
-    if opinfo.name in NORMS and device == "cuda" and dtype == torch.float64:
-        expected = CUDA_FP64_ERROR
     failures, count = [], 0
     for s in opinfo.sample_inputs(device, dtype, requires_grad=True):
         if NOT_APPLICABLE.get(opinfo.name, lambda s: False)(s):

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, event, given
+from hypothesis import event, given
 from hypothesis import strategies as st
 from reference import (
     ATOL_GEMM,
@@ -205,8 +205,6 @@ def test_softmax_properties(device, log, spec, dim_choice):
 )
 def test_norm_properties(device, op, spec, k, affine, eps):
     _skip_unsupported(device, spec.dtype)
-    # The CUDA norms have no fp64 kernels yet: they raise a clear error (test_opinfo.py).
-    assume(not (device == "cuda" and spec.dtype == torch.float64))
     rms = op == "rms_norm"
     if eps is None and not rms:
         eps = 1e-5  # layer_norm's default; rms_norm's None is its own default (torch's)

@@ -442,14 +442,11 @@ def test_device_without_kernels_is_left(monkeypatch, device):
 
 
 @pytest.mark.cuda
-def test_cuda_fp64_norms_are_left(cuda_device):
+def test_cuda_fp64_model_is_swapped(cuda_device):
     model = fresh(Net, cuda_device, torch.float64)
     rows = rows_by_path(fusedops.swap(model))
-    for path in ("ln", "rms"):
-        assert rows[path].replacement is None
-        assert rows[path].reason.startswith("torch.float64 on cuda: fusedops.")
-        assert "float64 input is not supported on CUDA" in rows[path].reason
-    assert rows["mlp"].replacement == NET_SWAPS["mlp"]  # fused_mlp takes fp64 on CUDA
+    for path, replacement in NET_SWAPS.items():
+        assert rows[path].replacement == replacement, rows[path].reason
 
 
 def test_report_text_and_dict(device):

@@ -1,12 +1,14 @@
 // CPU layer_norm and rms_norm (one template, kRms), forward and backward, over contiguous rows.
 // Rows are split across threads (at::parallel_for); within a row the math is at::vec SIMD in
-// fp32 (fp64 for double), mean and variance in two passes. fp16/bf16 rows are widened into
-// per-thread buffers. dweight/dbias: each chunk of rows writes one partial row, and the partials
-// are summed column-wise in chunk order: bitwise reproducible for a given thread count.
+// fp32 (fp64 for double), mean and variance in two passes. fp16/bf16 are widened as they are
+// loaded and narrowed as they are stored, with no row buffers: a long row's passes stay in
+// cache. dweight/dbias: each chunk of rows writes one partial row, and the partials are summed
+// column-wise in chunk order: bitwise reproducible for a given thread count.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <ATen/cpu/vec/vec_n.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
@@ -16,7 +18,6 @@
 #include <cmath>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
 #include "common/norm_host.h"
 #include "common/norm_ops.h"
@@ -28,37 +29,50 @@ namespace {
 using cpu::acc_t;
 using cpu::for_rows;
 using cpu::kGrainElems;
-using cpu::narrow;
-using cpu::out_row;
-using cpu::widen;
 
 template <typename A>
 using Vec = at::vec::Vectorized<A>;
 
-// Calls f(i, tag) over [begin, end): tag is a Vec<A> for each full vector, then an A for each
+// The vector step: two Vec<A>, which for fp16/bf16 is exactly one Vectorized<T> in memory, and
+// two independent chains of arithmetic per iteration.
+template <typename A>
+using Vec2 = at::vec::VectorizedN<A, 2>;
+
+// Calls f(i, tag) over [begin, end): tag is a Vec2<A> for each full step, then an A for each
 // tail element, so one generic body (using ld/st below) serves both widths.
 template <typename A, typename F>
 inline void for_each_vec(int64_t begin, int64_t end, const F& f) {
   int64_t i = begin;
-  for (; i + Vec<A>::size() <= end; i += Vec<A>::size()) f(i, Vec<A>());
+  for (; i + Vec2<A>::size() <= end; i += Vec2<A>::size()) f(i, Vec2<A>());
   for (; i < end; ++i) f(i, A());
 }
 
-template <typename V, typename A>
-inline V ld(const A* p) {
+// Loads V (Vec2<A> or A) from memory of S: S is A (statistics, parameters, partials, fp32/fp64
+// rows) or fp16/bf16 (rows), widened here.
+template <typename V, typename S>
+inline V ld(const S* p) {
+  using A = acc_t<S>;
   if constexpr (std::is_same_v<V, A>) {
-    return *p;
-  } else {
+    return static_cast<A>(*p);
+  } else if constexpr (std::is_same_v<S, A>) {
     return V::loadu(p);
+  } else {
+    V v;
+    at::vec::load_to_float<S>(p, v[0], v[1]);
+    return v;
   }
 }
 
-template <typename A, typename V>
-inline void st(A* p, const V& v) {
+// Stores V into memory of S, narrowed (round-to-nearest-even) for fp16/bf16.
+template <typename S, typename V>
+inline void st(S* p, const V& v) {
+  using A = acc_t<S>;
   if constexpr (std::is_same_v<V, A>) {
-    *p = v;
-  } else {
+    *p = static_cast<S>(v);
+  } else if constexpr (std::is_same_v<S, A>) {
     v.store(p);
+  } else {
+    at::vec::convert_from_float<S>(v[0], v[1]).store(p);
   }
 }
 
@@ -67,12 +81,12 @@ inline void st(A* p, const V& v) {
 // instead of one as long as the row (rows reach 10^5 elements and more).
 template <typename A>
 struct Sum {
-  static constexpr int kInner = 64;
+  static constexpr int kInner = 32;
   Vec<A> outer = Vec<A>(A(0)), inner = Vec<A>(A(0));
   A s = A(0);
   int n = 0;
-  void add(const Vec<A>& x) {
-    inner = inner + x;
+  void add(const Vec2<A>& x) {
+    inner = inner + (x[0] + x[1]);
     if (++n == kInner) {
       outer = outer + inner;
       inner = Vec<A>(A(0));
@@ -86,21 +100,15 @@ struct Sum {
   }
 };
 
-template <typename T>
-size_t buf_size(int64_t cols) {
-  return std::is_same_v<T, acc_t<T>> ? 0 : static_cast<size_t>(cols);
-}
-
 // y = (x - mean) * rstd * w + b, with mean = 0 for rms_norm. w, b: acc_t [cols] or null.
 template <typename T, bool kRms>
 void norm_fwd_rows(const T* x, const acc_t<T>* w, const acc_t<T>* b, T* y, acc_t<T>* mean,
                    acc_t<T>* rstd, int64_t rows, int64_t cols, double eps) {
   using A = acc_t<T>;
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
-    std::vector<A> xbuf(buf_size<T>(cols)), ybuf(xbuf.size());
     for (int64_t r = begin; r < end; ++r) {
-      const A* xr = widen(x + r * cols, cols, xbuf);
-      A* yr = out_row(y + r * cols, ybuf);
+      const T* xr = x + r * cols;
+      T* yr = y + r * cols;
       A m = A(0);
       if constexpr (!kRms) {
         Sum<A> s;
@@ -122,7 +130,6 @@ void norm_fwd_rows(const T* x, const acc_t<T>* w, const acc_t<T>* b, T* y, acc_t
         if (b != nullptr) v = v + ld<V>(b + i);
         st(yr + i, v);
       });
-      narrow<T>(yr, y + r * cols, cols);
       if (mean != nullptr) mean[r] = m;
       rstd[r] = rs;
     }
@@ -132,54 +139,49 @@ void norm_fwd_rows(const T* x, const acc_t<T>* w, const acc_t<T>* b, T* y, acc_t
 // With xh = (x - mean) * rstd and g = dy * w (w = 1 when absent):
 //   dx = rstd * (g - mean(g) - xh * mean(g * xh))   (rms_norm: no mean(g) term)
 //   dw_part[c] += dy * xh,  db_part[c] += dy        over the rows of chunk c
-// Each output is computed only when its pointer is non-null; the partials start zeroed.
+// Each output is computed only when its pointer is non-null; the partials start zeroed. Two
+// passes per row: the two sums, then dx and the partials together.
 template <typename T, bool kRms>
 void norm_bwd_rows(const T* dy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
                    const acc_t<T>* w, T* dx, acc_t<T>* dw_part, acc_t<T>* db_part, int64_t rows,
                    int64_t cols, int64_t chunks) {
   using A = acc_t<T>;
   at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
-    std::vector<A> xbuf(buf_size<T>(cols)), dybuf(xbuf.size()), dxbuf(xbuf.size());
     for (int64_t c = c_begin; c < c_end; ++c) {
       A* dwp = dw_part != nullptr ? dw_part + c * cols : nullptr;
       A* dbp = db_part != nullptr ? db_part + c * cols : nullptr;
       for (int64_t r = rows * c / chunks; r < rows * (c + 1) / chunks; ++r) {
-        const A* xr = widen(x + r * cols, cols, xbuf);
-        const A* dyr = widen(dy + r * cols, cols, dybuf);
+        const T* xr = x + r * cols;
+        const T* dyr = dy + r * cols;
         const A m = kRms ? A(0) : mean[r];
         const A rs = rstd[r];
         auto xhat = [&](auto t, int64_t i) {
           using V = decltype(t);
           return (ld<V>(xr + i) - V(m)) * V(rs);
         };
-        auto grad = [&](auto t, int64_t i) {
-          using V = decltype(t);
-          return w != nullptr ? ld<V>(dyr + i) * ld<V>(w + i) : ld<V>(dyr + i);
+        auto grad = [&](const auto& d, int64_t i) {
+          using V = std::decay_t<decltype(d)>;
+          return w != nullptr ? d * ld<V>(w + i) : d;
         };
+        A c1 = A(0), c2 = A(0);
         if (dx != nullptr) {
           Sum<A> sg, sgx;
           for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
-            const auto g = grad(t, i);
+            const auto g = grad(ld<decltype(t)>(dyr + i), i);
             sg.add(g);
             sgx.add(g * xhat(t, i));
           });
-          const A c1 = kRms ? A(0) : sg.total() / A(cols);
-          const A c2 = sgx.total() / A(cols);
-          A* dxr = out_row(dx + r * cols, dxbuf);
-          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
-            using V = decltype(t);
-            st(dxr + i, V(rs) * (grad(t, i) - V(c1) - xhat(t, i) * V(c2)));
-          });
-          narrow<T>(dxr, dx + r * cols, cols);
+          c1 = kRms ? A(0) : sg.total() / A(cols);
+          c2 = sgx.total() / A(cols);
         }
-        if (dwp != nullptr || dbp != nullptr) {
-          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
-            using V = decltype(t);
-            const V g = ld<V>(dyr + i);
-            if (dwp != nullptr) st(dwp + i, ld<V>(dwp + i) + g * xhat(t, i));
-            if (dbp != nullptr) st(dbp + i, ld<V>(dbp + i) + g);
-          });
-        }
+        T* dxr = dx != nullptr ? dx + r * cols : nullptr;
+        for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+          using V = decltype(t);
+          const V d = ld<V>(dyr + i), xh = xhat(t, i);
+          if (dxr != nullptr) st(dxr + i, V(rs) * (grad(d, i) - V(c1) - xh * V(c2)));
+          if (dwp != nullptr) st(dwp + i, ld<V>(dwp + i) + d * xh);
+          if (dbp != nullptr) st(dbp + i, ld<V>(dbp + i) + d);
+        });
       }
     }
   });

@@ -22,20 +22,14 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
-void check_cuda_dtype(const char* op, const at::Tensor& input) {
-  TORCH_CHECK_TYPE(input.scalar_type() != at::kDouble, "fusedops.", op,
-                   ": float64 input is not supported on CUDA (use float32, float16 or bfloat16)");
-}
-
 // Calls f(T*, W*) (null type tags): T the CUDA type of the input, W that of the parameters:
-// float when they are fp32, else T (norm_host.h allows nothing else).
+// float when they are fp32 beside fp16/bf16 input, else T (norm_host.h allows nothing else).
 template <typename T, typename F>
 void with_param_type(std::optional<at::ScalarType> w, F& f) {
-  if (w == at::kFloat) {
-    f(static_cast<T*>(nullptr), static_cast<float*>(nullptr));
-  } else {
-    f(static_cast<T*>(nullptr), static_cast<T*>(nullptr));
+  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+    if (w == at::kFloat) return f(static_cast<T*>(nullptr), static_cast<float*>(nullptr));
   }
+  f(static_cast<T*>(nullptr), static_cast<T*>(nullptr));
 }
 
 template <typename F>
@@ -47,7 +41,9 @@ void dispatch_norm(at::ScalarType x, std::optional<at::ScalarType> w, F&& f) {
       return with_param_type<__half>(w, f);
     case at::kBFloat16:
       return with_param_type<__nv_bfloat16>(w, f);
-    default:  // check_floating and check_cuda_dtype let nothing else through
+    case at::kDouble:
+      return with_param_type<double>(w, f);
+    default:  // check_floating lets nothing else through
       TORCH_CHECK(false, "fusedops: no CUDA norm kernel for dtype ", x);
   }
 }
@@ -67,7 +63,6 @@ struct CudaNorms {
                                                             const OptTensor& bias, double eps) {
     const NormProblem p = norm_problem(op, input, normalized_shape);
     check_norm_params(op, input, normalized_shape, weight, bias);
-    check_cuda_dtype(op, input);
     const c10::cuda::CUDAGuard guard(input.device());
     const at::Tensor x = input.contiguous();
     const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
@@ -88,11 +83,11 @@ struct CudaNorms {
                                    ptr_or_null<W>(w),
                                    ptr_or_null<W>(b),
                                    mut_ptr_or_null<T>(out),
-                                   mut_ptr_or_null<float>(mean),
-                                   mut_ptr_or_null<float>(rstd),
+                                   mut_ptr_or_null<NormAcc<T>>(mean),
+                                   mut_ptr_or_null<NormAcc<T>>(rstd),
                                    p.rows,
                                    p.cols,
-                                   static_cast<float>(eps)};
+                                   static_cast<NormAcc<T>>(eps)};
       C10_CUDA_CHECK((norm_fwd_cuda<T, W, kRms>(args, info, stream)));
     });
     return {out, mean, rstd};
@@ -105,7 +100,6 @@ struct CudaNorms {
       const OptTensor& weight, const OptTensor& bias, std::array<bool, 3> output_mask) {
     const NormProblem p =
         check_norm_bwd(op, grad_out, input, normalized_shape, mean, rstd, weight, bias);
-    check_cuda_dtype(op, input);
     const c10::cuda::CUDAGuard guard(input.device());
     const at::Tensor x = input.contiguous(), dy = grad_out.contiguous();
     const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
@@ -131,8 +125,8 @@ struct CudaNorms {
       using W = std::remove_pointer_t<decltype(w_tag)>;
       const NormBwdArgs<T, W> args{ptr_or_null<T>(dy),
                                    ptr_or_null<T>(x),
-                                   ptr_or_null<float>(mean_c),
-                                   ptr_or_null<float>(rstd_c),
+                                   ptr_or_null<NormAcc<T>>(mean_c),
+                                   ptr_or_null<NormAcc<T>>(rstd_c),
                                    ptr_or_null<W>(w),
                                    mut_ptr_or_null<T>(dx),
                                    mut_ptr_or_null<W>(dw),
@@ -140,9 +134,9 @@ struct CudaNorms {
                                    p.rows,
                                    p.cols};
       at::Tensor workspace = at::empty({norm_bwd_workspace_size<T, W, kRms>(args, info)},
-                                       x.options().dtype(at::kFloat));
+                                       x.options().dtype(norm_stat_dtype(input)));
       C10_CUDA_CHECK(
-          (norm_bwd_cuda<T, W, kRms>(args, mut_ptr_or_null<float>(workspace), info, stream)));
+          (norm_bwd_cuda<T, W, kRms>(args, mut_ptr_or_null<NormAcc<T>>(workspace), info, stream)));
     });
     return result();
   }

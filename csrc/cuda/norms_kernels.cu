@@ -3,13 +3,13 @@
 // VEC elements per thread (16-byte accesses when VEC = kVec16<T>), so x is read once and y
 // written once: a warp (short rows, several per block, shuffles only), a block or part of one,
 // or the blocks of a cluster (sm_90+, partial sums exchanged through distributed shared memory).
-// Rows too long even for a cluster take looping kernels that read them twice, the second time
-// mostly from L2. Numerics: fp32 throughout; mean and variance in two passes over the registers
-// (Welford per pack in the looping kernel, merged by Chan's formula). Backward: each team sums its
-// rows' dweight/dbias in shared memory into one fp32 partial row; norm_partials_kernel adds the
-// partial rows in a fixed order: deterministic, no float atomics. Preconditions (the launchers
-// check them): rows, cols > 0; VEC > 1 only when cols % VEC == 0 and every pointer is 16-byte
-// aligned.
+// Rows too long even for a cluster, and fp64 rows, take looping kernels that read them twice,
+// the second time mostly from L2. Numerics: fp32 throughout (fp64 for fp64 input, A below); mean
+// and variance in two passes over the registers (Welford per pack in the looping kernel, merged
+// by Chan's formula). Backward: each team sums its rows' dweight/dbias in shared memory into one
+// A partial row; norm_partials_kernel adds the partial rows in a fixed order: deterministic, no
+// float atomics. Preconditions (the launchers check them): rows, cols > 0; VEC > 1 only when
+// cols % VEC == 0 and every pointer is 16-byte aligned.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -18,6 +18,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "common/kernel_registry.h"
@@ -45,33 +49,43 @@ constexpr int kLoopUnroll = 4;        // packs in flight per thread in the loopi
 constexpr int kPartSlices = 8;        // norm_partials_kernel: partial rows summed in 8 slices
 constexpr int kPartCols = kWarp * 4;  // ... of 32 float4 columns per block
 
+// Two sums reduced together: float2 or double2.
+template <typename A>
+using Pair = std::conditional_t<std::is_same_v<A, double>, double2, float2>;
+
 struct Sum2Op {
-  __device__ __forceinline__ float2 operator()(float2 a, float2 b) const {
-    return make_float2(a.x + b.x, a.y + b.y);
+  template <typename V>
+  __device__ __forceinline__ V operator()(V a, V b) const {
+    return V{a.x + b.x, a.y + b.y};
   }
   template <typename V>
   __device__ static V identity() {
-    return V{0.f, 0.f};
+    return V{0, 0};
   }
 };
 
+__device__ __forceinline__ float acc_rsqrt(float v) { return rsqrtf(v); }
+__device__ __forceinline__ double acc_rsqrt(double v) { return rsqrt(v); }
+
 // Count, mean and sum of squared deviations of a set of values; merged with Chan's formula.
+template <typename A>
 struct Welford {
-  float n, mean, m2;
+  A n, mean, m2;
 };
 
 // Written symmetric in a and b (bitwise: op(a, b) == op(b, a)), so every lane of a butterfly
 // all-reduce ends with the same statistics.
 struct WelfordOp {
-  __device__ __forceinline__ Welford operator()(const Welford& a, const Welford& b) const {
-    const float n = a.n + b.n;
-    if (n == 0.f) return a;
-    const float d = b.mean - a.mean;
+  template <typename A>
+  __device__ __forceinline__ Welford<A> operator()(const Welford<A>& a, const Welford<A>& b) const {
+    const A n = a.n + b.n;
+    if (n == A(0)) return a;
+    const A d = b.mean - a.mean;
     return {n, (a.n * a.mean + b.n * b.mean) / n, (a.m2 + b.m2) + d * d * (a.n * b.n / n)};
   }
   template <typename V>
   __device__ static V identity() {
-    return V{0.f, 0.f, 0.f};
+    return V{0, 0, 0};
   }
 };
 
@@ -150,10 +164,10 @@ __device__ __forceinline__ void team_exit(const Team& team) {
 #endif
 }
 
-// VEC elements at p widened to fp32, moved in accesses of at most 16 bytes (an fp32 weight
-// beside bf16 activations takes two).
-template <int VEC, typename S>
-__device__ __forceinline__ void load_f32(const S* p, float (&out)[VEC]) {
+// VEC elements at p widened to A (fp32, or fp64 for fp64), moved in accesses of at most 16 bytes
+// (an fp32 weight beside bf16 activations takes two).
+template <int VEC, typename S, typename A>
+__device__ __forceinline__ void load_acc(const S* p, A (&out)[VEC]) {
   constexpr int kSub = VEC < kVec16<S> ? VEC : kVec16<S>;
 #pragma unroll
   for (int s = 0; s < VEC; s += kSub) {
@@ -164,7 +178,7 @@ __device__ __forceinline__ void load_f32(const S* p, float (&out)[VEC]) {
 }
 
 template <int VEC, typename S>
-__device__ __forceinline__ void store_f32(S* p, const float (&in)[VEC]) {
+__device__ __forceinline__ void store_acc(S* p, const acc_t<S> (&in)[VEC]) {
   constexpr int kSub = VEC < kVec16<S> ? VEC : kVec16<S>;
   if constexpr (kSub == VEC) {
     store_pack<S, VEC>(p, pack_from_acc<S, VEC>(in));
@@ -180,18 +194,18 @@ __device__ __forceinline__ void store_f32(S* p, const float (&in)[VEC]) {
 }
 
 template <typename T, int VEC>
-__device__ __forceinline__ void widen(const Pack<T, VEC>& pk, float (&out)[VEC]) {
+__device__ __forceinline__ void widen(const Pack<T, VEC>& pk, acc_t<T> (&out)[VEC]) {
 #pragma unroll
   for (int j = 0; j < VEC; ++j) out[j] = to_acc(pk.v[j]);
 }
 
 // out = (v - mu) * rs * w + b for one pack (w, b optional).
-template <int VEC, typename W>
-__device__ __forceinline__ void normalize_pack(const float (&v)[VEC], float mu, float rs,
-                                               const W* w, const W* b, float (&out)[VEC]) {
-  float wv[VEC], bv[VEC];
-  if (w != nullptr) load_f32<VEC>(w, wv);
-  if (b != nullptr) load_f32<VEC>(b, bv);
+template <int VEC, typename A, typename W>
+__device__ __forceinline__ void normalize_pack(const A (&v)[VEC], A mu, A rs, const W* w,
+                                               const W* b, A (&out)[VEC]) {
+  A wv[VEC], bv[VEC];
+  if (w != nullptr) load_acc<VEC>(w, wv);
+  if (b != nullptr) load_acc<VEC>(b, bv);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
     out[j] = (v[j] - mu) * rs;
@@ -286,7 +300,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
       }
     }
     q = team_allreduce<kWarpRow>(q, SumOp(), team, scratch, exch, parity);
-    const float rs = rsqrtf(q / cols + a.eps);
+    const float rs = acc_rsqrt(q / cols + a.eps);
     if (!valid) continue;  // after the last barrier of this iteration
     if (t == 0) {
       if constexpr (!kRms) a.mean[row] = mu;
@@ -299,7 +313,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
         float v[VEC], out[VEC];
         widen(x[p], v);
         normalize_pack<VEC>(v, mu, rs, a.w ? a.w + col : nullptr, a.b ? a.b + col : nullptr, out);
-        store_f32<VEC>(a.y + row * a.cols + col, out);
+        store_acc<VEC>(a.y + row * a.cols + col, out);
       }
     }
   }
@@ -311,22 +325,23 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
 // mostly from L2) and writes y.
 template <typename T, typename W, bool kRms, int VEC>
 __global__ void __launch_bounds__(kLoopThreads, 1) norm_fwd_loop_kernel(NormFwdArgs<T, W> a) {
-  __shared__ float scratch[kWarp];
-  __shared__ Welford wscratch[kWarp];
+  using A = NormAcc<T>;
+  __shared__ A scratch[kWarp];
+  __shared__ Welford<A> wscratch[kWarp];
   const int64_t cols = a.cols, step = int64_t(blockDim.x) * VEC;
   // kLoopUnroll packs at c0, c0 + step, ... of one row: their loads in flight together.
-  auto load_tile = [&](const T* xr, int64_t c0, float(&v)[kLoopUnroll][VEC]) {
+  auto load_tile = [&](const T* xr, int64_t c0, A(&v)[kLoopUnroll][VEC]) {
 #pragma unroll
     for (int u = 0; u < kLoopUnroll; ++u) {
-      if (c0 + u * step < cols) load_f32<VEC>(xr + c0 + u * step, v[u]);
+      if (c0 + u * step < cols) load_acc<VEC>(xr + c0 + u * step, v[u]);
     }
   };
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const T* xr = a.x + row * cols;
-    float sq = 0.f;
-    Welford acc{0.f, 0.f, 0.f};
+    A sq = 0;
+    Welford<A> acc{0, 0, 0};
     for (int64_t c0 = int64_t(threadIdx.x) * VEC; c0 < cols; c0 += step * kLoopUnroll) {
-      float v[kLoopUnroll][VEC];
+      A v[kLoopUnroll][VEC];
       load_tile(xr, c0, v);
 #pragma unroll
       for (int u = 0; u < kLoopUnroll; ++u) {
@@ -335,17 +350,17 @@ __global__ void __launch_bounds__(kLoopThreads, 1) norm_fwd_loop_kernel(NormFwdA
 #pragma unroll
           for (int j = 0; j < VEC; ++j) sq += v[u][j] * v[u][j];
         } else {
-          float m = 0.f, m2 = 0.f;
+          A m = 0, m2 = 0;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) m += v[u][j];
           m /= VEC;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) m2 += (v[u][j] - m) * (v[u][j] - m);
-          acc = WelfordOp()(acc, Welford{float(VEC), m, m2});
+          acc = WelfordOp()(acc, Welford<A>{A(VEC), m, m2});
         }
       }
     }
-    float mu = 0.f, var;
+    A mu = 0, var;
     if constexpr (kRms) {
       var = block_allreduce(sq, SumOp(), scratch) / cols;
     } else {
@@ -353,33 +368,34 @@ __global__ void __launch_bounds__(kLoopThreads, 1) norm_fwd_loop_kernel(NormFwdA
       mu = acc.mean;
       var = acc.m2 / cols;
     }
-    const float rs = rsqrtf(var + a.eps);
+    const A rs = acc_rsqrt(var + a.eps);
     if (threadIdx.x == 0) {
       if constexpr (!kRms) a.mean[row] = mu;
       a.rstd[row] = rs;
     }
     for (int64_t c0 = int64_t(threadIdx.x) * VEC; c0 < cols; c0 += step * kLoopUnroll) {
-      float v[kLoopUnroll][VEC];
+      A v[kLoopUnroll][VEC];
       load_tile(xr, c0, v);
 #pragma unroll
       for (int u = 0; u < kLoopUnroll; ++u) {
         const int64_t col = c0 + u * step;
         if (col >= cols) continue;
-        float out[VEC];
+        A out[VEC];
         normalize_pack<VEC>(v[u], mu, rs, a.w ? a.w + col : nullptr, a.b ? a.b + col : nullptr,
                             out);
-        store_f32<VEC>(a.y + row * cols + col, out);
+        store_acc<VEC>(a.y + row * cols + col, out);
       }
     }
   }
 }
 
 // Where a backward kernel puts its dweight/dbias partial sums: row blockIdx.x / (blocks per
-// team) of dw / db ([partial rows, ld] fp32; either may be null). group: threads per team when
+// team) of dw / db ([partial rows, ld] of A; either may be null). group: threads per team when
 // a team doesn't span a cluster.
+template <typename A>
 struct PartialRows {
-  float* dw;
-  float* db;
+  A* dw;
+  A* db;
   int64_t ld;
   int group;
 };
@@ -393,7 +409,7 @@ struct PartialRows {
 // team writes its columns of the cluster's partial row.
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
 __global__ void __launch_bounds__(kBwdMaxThreads, kBwdMinBlocks)
-    norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows part) {
+    norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
   extern __shared__ float4 acc_smem[];  // BwdAcc<VEC, kPacks>::floats(blockDim.x) per sum
   __shared__ float2 scratch[kWarp], exch[2];
   using Acc = BwdAcc<VEC, kPacks>;
@@ -436,7 +452,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, kBwdMinBlocks)
     auto weight = [&](int p, float(&wv)[VEC]) {
       const int col = (p * g + t) * VEC;
       if (a.w != nullptr && col < cols) {
-        load_f32<VEC>(a.w + col, wv);
+        load_acc<VEC>(a.w + col, wv);
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) wv[j] = 1.f;
@@ -477,7 +493,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, kBwdMinBlocks)
         weight(p, wv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) out[j] = rs * (d[j] * wv[j] - c1 - xh[j] * c2);
-        store_f32<VEC>(a.dx + row * a.cols + col, out);
+        store_acc<VEC>(a.dx + row * a.cols + col, out);
       }
     }
   }
@@ -511,32 +527,33 @@ __global__ void __launch_bounds__(kBwdMaxThreads, kBwdMinBlocks)
 // own partial rows in global memory (zeroed by the launcher; one writer per element).
 template <typename T, typename W, bool kRms, int VEC>
 __global__ void __launch_bounds__(kLoopThreads, 1)
-    norm_bwd_loop_kernel(NormBwdArgs<T, W> a, PartialRows part) {
-  __shared__ float2 scratch[kWarp];
+    norm_bwd_loop_kernel(NormBwdArgs<T, W> a, PartialRows<NormAcc<T>> part) {
+  using A = NormAcc<T>;
+  __shared__ Pair<A> scratch[kWarp];
   const int64_t cols = a.cols, step = int64_t(blockDim.x) * VEC;
-  float* dwp = part.dw != nullptr ? part.dw + int64_t(blockIdx.x) * part.ld : nullptr;
-  float* dbp = part.db != nullptr ? part.db + int64_t(blockIdx.x) * part.ld : nullptr;
+  A* dwp = part.dw != nullptr ? part.dw + int64_t(blockIdx.x) * part.ld : nullptr;
+  A* dbp = part.db != nullptr ? part.db + int64_t(blockIdx.x) * part.ld : nullptr;
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const T* xr = a.x + row * cols;
     const T* dyr = a.dy + row * cols;
-    const float mu = kRms ? 0.f : a.mean[row], rs = a.rstd[row];
+    const A mu = kRms ? A(0) : a.mean[row], rs = a.rstd[row];
     // One pass of the row: f(col, xh, g, dy) for each pack.
     auto sweep = [&](auto&& f) {
       for (int64_t c0 = int64_t(threadIdx.x) * VEC; c0 < cols; c0 += step * kLoopUnroll) {
-        float xv[kLoopUnroll][VEC], dv[kLoopUnroll][VEC];
+        A xv[kLoopUnroll][VEC], dv[kLoopUnroll][VEC];
 #pragma unroll
         for (int u = 0; u < kLoopUnroll; ++u) {
           if (c0 + u * step < cols) {
-            load_f32<VEC>(xr + c0 + u * step, xv[u]);
-            load_f32<VEC>(dyr + c0 + u * step, dv[u]);
+            load_acc<VEC>(xr + c0 + u * step, xv[u]);
+            load_acc<VEC>(dyr + c0 + u * step, dv[u]);
           }
         }
 #pragma unroll
         for (int u = 0; u < kLoopUnroll; ++u) {
           const int64_t col = c0 + u * step;
           if (col >= cols) continue;
-          float wv[VEC], xh[VEC], gr[VEC];
-          if (a.w != nullptr) load_f32<VEC>(a.w + col, wv);
+          A wv[VEC], xh[VEC], gr[VEC];
+          if (a.w != nullptr) load_acc<VEC>(a.w + col, wv);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             xh[j] = (xv[u][j] - mu) * rs;
@@ -546,10 +563,10 @@ __global__ void __launch_bounds__(kLoopThreads, 1)
         }
       }
     };
-    float c1 = 0.f, c2 = 0.f;
+    A c1 = 0, c2 = 0;
     if (a.dx != nullptr) {
-      float2 s{0.f, 0.f};
-      sweep([&](int64_t, const float(&xh)[VEC], const float(&gr)[VEC], const float(&)[VEC]) {
+      Pair<A> s{0, 0};
+      sweep([&](int64_t, const A(&xh)[VEC], const A(&gr)[VEC], const A(&)[VEC]) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           s.x += gr[j];
@@ -557,69 +574,64 @@ __global__ void __launch_bounds__(kLoopThreads, 1)
         }
       });
       s = block_allreduce(s, Sum2Op(), scratch);
-      c1 = kRms ? 0.f : s.x / cols;
+      c1 = kRms ? A(0) : s.x / cols;
       c2 = s.y / cols;
     }
-    sweep([&](int64_t col, const float(&xh)[VEC], const float(&gr)[VEC], const float(&dy)[VEC]) {
+    sweep([&](int64_t col, const A(&xh)[VEC], const A(&gr)[VEC], const A(&dy)[VEC]) {
       if (a.dx != nullptr) {
-        float out[VEC];
+        A out[VEC];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) out[j] = rs * (gr[j] - c1 - xh[j] * c2);
-        store_f32<VEC>(a.dx + row * cols + col, out);
+        store_acc<VEC>(a.dx + row * cols + col, out);
       }
-      float acc[VEC];
+      A acc[VEC];
       if (dwp != nullptr) {
-        load_f32<VEC>(dwp + col, acc);
+        load_acc<VEC>(dwp + col, acc);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) acc[j] += dy[j] * xh[j];
-        store_f32<VEC>(dwp + col, acc);
+        store_acc<VEC>(dwp + col, acc);
       }
       if (dbp != nullptr) {
-        load_f32<VEC>(dbp + col, acc);
+        load_acc<VEC>(dbp + col, acc);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) acc[j] += dy[j];
-        store_f32<VEC>(dbp + col, acc);
+        store_acc<VEC>(dbp + col, acc);
       }
     });
   }
 }
 
 // out[c] = sum over r = 0..parts-1 of part[r * ld + c], cast to W. blockIdx.y picks
-// (part0, out0) or (part1, out1). Thread (x, y) sums float4 column group x over rows
-// y, y + 8, ...; the 8 slices are then added in order: fixed order, bitwise reproducible.
-template <typename W>
+// (part0, out0) or (part1, out1). Thread (x, y) sums the 4-column group x over rows y, y + 8,
+// ...; the 8 slices are then added in order: fixed order, bitwise reproducible.
+template <typename A, typename W>
 __global__ void __launch_bounds__(kWarp* kPartSlices)
-    norm_partials_kernel(const float* part0, W* out0, const float* part1, W* out1, int64_t parts,
+    norm_partials_kernel(const A* part0, W* out0, const A* part1, W* out1, int64_t parts,
                          int64_t ld, int64_t cols) {
-  __shared__ float4 red[kPartSlices][kWarp];
-  const float* part = blockIdx.y == 0 ? part0 : part1;
+  using Quad = Pack<A, 4>;
+  __shared__ Quad red[kPartSlices][kWarp];
+  const A* part = blockIdx.y == 0 ? part0 : part1;
   W* out = blockIdx.y == 0 ? out0 : out1;
   for (int64_t tile = blockIdx.x; tile * kPartCols < cols; tile += gridDim.x) {
     const int64_t c = tile * kPartCols + threadIdx.x * 4;
-    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (c < cols) {  // ld % 4 == 0 and ld >= cols: the float4 at c is inside the row
+    Quad s{};
+    if (c < cols) {  // ld % 4 == 0 and ld >= cols: the 4 columns at c are inside the row
 #pragma unroll 4
       for (int64_t r = threadIdx.y; r < parts; r += kPartSlices) {
-        const float4 v = *reinterpret_cast<const float4*>(part + r * ld + c);
-        s.x += v.x;
-        s.y += v.y;
-        s.z += v.z;
-        s.w += v.w;
+        const Quad v = load_pack<A, 4>(part + r * ld + c);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s.v[j] += v.v[j];
       }
     }
     red[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && c < cols) {
-      float4 sum = red[0][threadIdx.x];
+      Quad sum = red[0][threadIdx.x];
       for (int k = 1; k < kPartSlices; ++k) {
-        const float4 v = red[k][threadIdx.x];
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sum.v[j] += red[k][threadIdx.x].v[j];
       }
-      const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
-      for (int j = 0; j < 4 && c + j < cols; ++j) out[c + j] = from_acc<W>(vals[j]);
+      for (int j = 0; j < 4 && c + j < cols; ++j) out[c + j] = from_acc<W>(sum.v[j]);
     }
     __syncthreads();  // red is rewritten by the next tile
   }
@@ -674,15 +686,47 @@ int64_t stride_blocks(int64_t teams, int ranks, const DeviceInfo& info) {
   return std::min(teams, cap) * ranks;
 }
 
+// Answers of driver queries (attributes, occupancy) by device, kernel, threads per block and
+// cluster size. A plan asks each once per device; later plans of any shape cost arithmetic only.
+struct QueryCache {
+  std::mutex mutex;
+  std::map<std::tuple<int, const void*, int, int>, int> values;
+};
+
+QueryCache& query_cache() {
+  static QueryCache cache;
+  return cache;
+}
+
+// query(device) on the first call for this key on the current device, the stored answer after.
+// Thread-safe: threads that miss together both query (outside the lock) and agree.
+template <typename F>
+int query_once(const void* kernel, int threads, int ranks, F&& query) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) cudaGetLastError();
+  const std::tuple<int, const void*, int, int> key{device, kernel, threads, ranks};
+  QueryCache& cache = query_cache();
+  {
+    const std::lock_guard<std::mutex> lock(cache.mutex);
+    const auto it = cache.values.find(key);
+    if (it != cache.values.end()) return it->second;
+  }
+  const int value = query(device);
+  const std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.values.emplace(key, value).first->second;
+}
+
 // Looping kernels re-read a row soon after reading it: keep the rows in flight within half the
 // L2, but use at least one block per SM.
 int64_t loop_blocks(int64_t rows, int64_t row_bytes, const DeviceInfo& info) {
-  int device = 0, l2 = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
-    cudaGetLastError();
-    l2 = 0;
-  }
+  const int l2 = query_once(nullptr, 0, 0, [](int device) {
+    int bytes = 0;
+    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess) {
+      cudaGetLastError();
+      bytes = 0;
+    }
+    return bytes;
+  });
   const int64_t fit = l2 / 2 / std::max<int64_t>(row_bytes, 1);
   return std::min(rows, std::clamp<int64_t>(fit, info.sm_count, int64_t(info.sm_count) * 4));
 }
@@ -707,27 +751,34 @@ TeamShape team_shape(int64_t cols, int vec, std::initializer_list<int> packs_opt
   return {0, 0, 0};
 }
 
+// fp64 rows take the looping kernels only (as softmax's): the register tiers are sized for
+// fp32 registers, and fp64 norms serve references and gradcheck, not speed.
+template <typename T>
+constexpr bool kRegisterTiers = !std::is_same_v<T, double>;
+
 // Warp teams for rows of up to 4 packs per lane, then block and cluster teams, then the
 // looping kernel.
 template <typename T, typename W, bool kRms, int VEC>
 cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cudaStream_t stream) {
-  constexpr int kRows = kFwdWarpRowsPerBlock;
-  const LaunchShape warp{stride_blocks(ceil_div(a.rows, kRows), 1, info), kWarp * kRows, 0, 1};
-  if (a.cols <= kWarp * VEC) {
-    return launch(norm_fwd_kernel<T, W, kRms, VEC, 1, true>, warp, stream, a, kWarp);
-  }
-  if (a.cols <= kWarp * VEC * 2) {
-    return launch(norm_fwd_kernel<T, W, kRms, VEC, 2, true>, warp, stream, a, kWarp);
-  }
-  if (a.cols <= kWarp * VEC * 4) {
-    return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, true>, warp, stream, a, kWarp);
-  }
-  const int max_ranks = info.has_clusters() ? kMaxClusterRanks : 1;
-  constexpr int kPacks = VEC > 1 ? kFwdPacks : kFwdScalars;
-  const TeamShape s = team_shape(a.cols, VEC, {kPacks}, fwd_max_threads(kPacks), max_ranks);
-  if (s.ranks > 0) {
-    const LaunchShape team{stride_blocks(a.rows, s.ranks, info), s.threads, 0, s.ranks};
-    return launch(norm_fwd_kernel<T, W, kRms, VEC, kPacks, false>, team, stream, a, s.threads);
+  if constexpr (kRegisterTiers<T>) {
+    constexpr int kRows = kFwdWarpRowsPerBlock;
+    const LaunchShape warp{stride_blocks(ceil_div(a.rows, kRows), 1, info), kWarp * kRows, 0, 1};
+    if (a.cols <= kWarp * VEC) {
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 1, true>, warp, stream, a, kWarp);
+    }
+    if (a.cols <= kWarp * VEC * 2) {
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 2, true>, warp, stream, a, kWarp);
+    }
+    if (a.cols <= kWarp * VEC * 4) {
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, true>, warp, stream, a, kWarp);
+    }
+    const int max_ranks = info.has_clusters() ? kMaxClusterRanks : 1;
+    constexpr int kPacks = VEC > 1 ? kFwdPacks : kFwdScalars;
+    const TeamShape s = team_shape(a.cols, VEC, {kPacks}, fwd_max_threads(kPacks), max_ranks);
+    if (s.ranks > 0) {
+      const LaunchShape team{stride_blocks(a.rows, s.ranks, info), s.threads, 0, s.ranks};
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, kPacks, false>, team, stream, a, s.threads);
+    }
   }
   const LaunchShape loop{loop_blocks(a.rows, a.cols * int64_t(sizeof(T)), info), kLoopThreads, 0,
                          1};
@@ -736,47 +787,59 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
 
 template <typename T, typename W>
 struct BwdPlan {
-  void (*kernel)(NormBwdArgs<T, W>, PartialRows);
+  void (*kernel)(NormBwdArgs<T, W>, PartialRows<NormAcc<T>>);
   LaunchShape shape;
   int group;             // threads per team (when not a cluster)
   bool zeroed_partials;  // the kernel adds into its partial rows
   int64_t parts;         // partial rows: one per block, or per cluster
 };
 
+// Blocks (clusters) of p's kernel and launch shape that fit on the device at once, after opting
+// the kernel into its shared memory and cluster size; 0 when such a cluster can't run at all.
+// Asked of the driver once per device (query_once): the shared memory depends on the threads.
+template <typename T, typename W>
+int bwd_resident(const BwdPlan<T, W>& p, const DeviceInfo& info) {
+  const LaunchShape& l = p.shape;
+  auto query = [&](int) {
+    if (l.smem > kDefaultSmem &&
+        cudaFuncSetAttribute(p.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(l.smem)) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    int fit = 0;
+    if (l.ranks == 1) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, p.kernel, l.threads, l.smem) ==
+          cudaSuccess) {
+        fit *= info.sm_count;
+      }
+    } else {
+      if (l.ranks > kMaxClusterRanks &&
+          cudaFuncSetAttribute(p.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+              cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+      }
+      cudaLaunchAttribute attr;
+      LaunchShape one = l;
+      one.blocks = l.ranks;
+      const cudaLaunchConfig_t config = launch_config(one, nullptr, &attr);
+      if (cudaOccupancyMaxActiveClusters(&fit, p.kernel, &config) != cudaSuccess) fit = 0;
+    }
+    cudaGetLastError();  // a failed query leaves no error behind
+    if (fit < 1 && l.ranks <= kMaxClusterRanks) fit = std::max(1, info.sm_count / l.ranks);
+    return std::max(fit, 0);
+  };
+  return query_once(reinterpret_cast<const void*>(p.kernel), l.threads, l.ranks, query);
+}
+
 // As many blocks (clusters) as fit on the device at once, each writing one partial row; fewer
 // when there aren't enough rows. False when a cluster of this size can't run at all.
 template <typename T, typename W>
 bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
   LaunchShape& l = p.shape;
-  if (l.smem > kDefaultSmem &&
-      cudaFuncSetAttribute(p.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(l.smem)) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  int fit = 0;
-  if (l.ranks == 1) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, p.kernel, l.threads, l.smem) ==
-        cudaSuccess) {
-      fit *= info.sm_count;
-    }
-  } else {
-    if (l.ranks > kMaxClusterRanks &&
-        cudaFuncSetAttribute(p.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-            cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    cudaLaunchAttribute attr;
-    l.blocks = l.ranks;
-    const cudaLaunchConfig_t config = launch_config(l, nullptr, &attr);
-    if (cudaOccupancyMaxActiveClusters(&fit, p.kernel, &config) != cudaSuccess) fit = 0;
-  }
-  cudaGetLastError();  // a failed query leaves no error behind
-  if (fit < 1) {
-    if (l.ranks > kMaxClusterRanks) return false;
-    fit = std::max(1, info.sm_count / l.ranks);
-  }
+  const int fit = bwd_resident(p, info);
+  if (fit < 1) return false;
   const int64_t teams = ceil_div(rows, l.ranks > 1 ? 1 : l.threads / p.group);
   p.parts = std::min<int64_t>(teams, fit);
   l.blocks = p.parts * l.ranks;
@@ -787,26 +850,28 @@ bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
 // looping kernel.
 template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
-  constexpr int kPacks = VEC > 1 ? 16 / VEC : kBwdScalars;
-  auto smem = [](int threads) {  // the dweight (and dbias) sums
-    return size_t(BwdAcc<VEC, kPacks>::floats(threads)) * (kRms ? 1 : 2) * sizeof(float);
-  };
-  const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
-  const TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdMaxThreads, max_ranks);
   BwdPlan<T, W> p{};
-  if (a.cols <= kWarp * kPacks * VEC) {
-    p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, true>,
-         {0, kBwdMaxThreads, smem(kBwdMaxThreads), 1},
-         kWarp,
-         false,
-         0};
-  } else if (s.ranks > 0) {
-    const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
-    p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, false>,
-         {0, threads, smem(threads), s.ranks},
-         s.threads,
-         false,
-         0};
+  if constexpr (kRegisterTiers<T>) {
+    constexpr int kPacks = VEC > 1 ? 16 / VEC : kBwdScalars;
+    auto smem = [](int threads) {  // the dweight (and dbias) sums
+      return size_t(BwdAcc<VEC, kPacks>::floats(threads)) * (kRms ? 1 : 2) * sizeof(float);
+    };
+    const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
+    const TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdMaxThreads, max_ranks);
+    if (a.cols <= kWarp * kPacks * VEC) {
+      p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, true>,
+           {0, kBwdMaxThreads, smem(kBwdMaxThreads), 1},
+           kWarp,
+           false,
+           0};
+    } else if (s.ranks > 0) {
+      const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
+      p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, false>,
+           {0, threads, smem(threads), s.ranks},
+           s.threads,
+           false,
+           0};
+    }
   }
   if (p.kernel != nullptr && size_bwd_grid(p, a.rows, info)) return p;
   p = {norm_bwd_loop_kernel<T, W, kRms, VEC>, {0, kLoopThreads, 0, 1}, kLoopThreads, true, 0};
@@ -822,7 +887,7 @@ BwdPlan<T, W> bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   return vec ? bwd_plan_vec<T, W, kRms, V>(a, info) : bwd_plan_vec<T, W, kRms, 1>(a, info);
 }
 
-int64_t partial_ld(int64_t cols) { return ceil_div(cols, 4) * 4; }  // float4 rows
+int64_t partial_ld(int64_t cols) { return ceil_div(cols, 4) * 4; }  // whole 4-column groups
 
 }  // namespace
 
@@ -843,27 +908,28 @@ int64_t norm_bwd_workspace_size(const NormBwdArgs<T, W>& a, const DeviceInfo& in
 }
 
 template <typename T, typename W, bool kRms>
-cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, float* workspace, const DeviceInfo& info,
+cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, NormAcc<T>* workspace, const DeviceInfo& info,
                           cudaStream_t stream) {
+  using A = NormAcc<T>;
   if (a.dx == nullptr && a.dw == nullptr && a.db == nullptr) return cudaSuccess;
   const BwdPlan<T, W> p = bwd_plan<T, W, kRms>(a, info);
   const int64_t ld = partial_ld(a.cols), n = (a.dw != nullptr) + (a.db != nullptr);
-  PartialRows part{a.dw != nullptr ? workspace : nullptr, nullptr, ld, p.group};
+  PartialRows<A> part{a.dw != nullptr ? workspace : nullptr, nullptr, ld, p.group};
   if (a.db != nullptr) part.db = workspace + (a.dw != nullptr ? p.parts * ld : 0);
   if (n > 0 && p.zeroed_partials) {
     const cudaError_t err =
-        cudaMemsetAsync(workspace, 0, size_t(n * p.parts * ld) * sizeof(float), stream);
+        cudaMemsetAsync(workspace, 0, size_t(n * p.parts * ld) * sizeof(A), stream);
     if (err != cudaSuccess) return err;
   }
   const cudaError_t err = launch(p.kernel, p.shape, stream, a, part);
   if (err != cudaSuccess || n == 0) return err;
-  const float* part0 = part.dw != nullptr ? part.dw : part.db;
+  const A* part0 = part.dw != nullptr ? part.dw : part.db;
   W* out0 = a.dw != nullptr ? a.dw : a.db;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(a.cols, kPartCols), 1 << 20)),
                   static_cast<unsigned>(n));
-  record_launch(norm_partials_kernel<W>, kWarp * kPartSlices);
-  norm_partials_kernel<W><<<grid, dim3(kWarp, kPartSlices), 0, stream>>>(part0, out0, part.db, a.db,
-                                                                         p.parts, ld, a.cols);
+  record_launch(norm_partials_kernel<A, W>, kWarp * kPartSlices);
+  norm_partials_kernel<A, W><<<grid, dim3(kWarp, kPartSlices), 0, stream>>>(
+      part0, out0, part.db, a.db, p.parts, ld, a.cols);
   return cudaGetLastError();
 }
 
@@ -872,7 +938,7 @@ cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, float* workspace, const De
                                                 cudaStream_t);                               \
   template int64_t norm_bwd_workspace_size<T, W, RMS>(const NormBwdArgs<T, W>&,              \
                                                       const DeviceInfo&);                    \
-  template cudaError_t norm_bwd_cuda<T, W, RMS>(const NormBwdArgs<T, W>&, float*,            \
+  template cudaError_t norm_bwd_cuda<T, W, RMS>(const NormBwdArgs<T, W>&, NormAcc<T>*,       \
                                                 const DeviceInfo&, cudaStream_t);
 #define FUSEDOPS_NORM_INSTANTIATE_BOTH(T, W) \
   FUSEDOPS_NORM_INSTANTIATE(T, W, false)     \
@@ -883,5 +949,6 @@ FUSEDOPS_NORM_INSTANTIATE_BOTH(__half, __half)
 FUSEDOPS_NORM_INSTANTIATE_BOTH(__half, float)
 FUSEDOPS_NORM_INSTANTIATE_BOTH(__nv_bfloat16, __nv_bfloat16)
 FUSEDOPS_NORM_INSTANTIATE_BOTH(__nv_bfloat16, float)
+FUSEDOPS_NORM_INSTANTIATE_BOTH(double, double)
 
 }  // namespace fusedops
