@@ -25,7 +25,11 @@ namespace fusedops {
 namespace softmax_rows {
 
 constexpr int kWarpTierBlockThreads = 128;
-constexpr int kWarpTierMaxPacks = 4;  // packs per lane before a row moves to the block tier
+// Packs per lane before a row moves to the block tier. Scalar packs (odd or misaligned rows,
+// e.g. attention over 197 tokens) get twice as many: 8 two-byte loads per lane keep ~16 B in
+// flight, where a 64-thread CTA per row would pay a block barrier for 400 bytes of work.
+constexpr int kWarpTierMaxPacks = 4;
+constexpr int kWarpTierMaxScalarPacks = 8;
 constexpr int kBlockTargetThreads = 512;
 constexpr int kTargetPacks = 4;
 constexpr int kBlockMaxThreads = 1024;
@@ -289,7 +293,8 @@ inline int next_pow2(int64_t v) {
 inline Plan plan(int64_t npacks, int vec, int items_max, const DeviceInfo& dev) {
   const int max_packs = std::clamp(items_max / vec, 1, kMaxPacks);
   if (npacks <= 32) return {Tier::kWarp, next_pow2(npacks), 1, kWarpTierBlockThreads, 1};
-  if (npacks <= 32 * std::min(kWarpTierMaxPacks, max_packs)) {
+  const int warp_packs = vec == 1 ? kWarpTierMaxScalarPacks : kWarpTierMaxPacks;
+  if (npacks <= 32 * std::min(warp_packs, max_packs)) {
     return {Tier::kWarp, 32, next_pow2(ceil_div(npacks, 32)), kWarpTierBlockThreads, 1};
   }
   // Several packs per thread keep loads in flight (kTargetPacks, more only when needed); <= 512
@@ -385,8 +390,10 @@ bool launch_register_tiers(const typename Policy::Args& args, int64_t rows, int6
       return dispatch_int<1, 2, 4, 8, 16, 32>(
           p.lanes, [&](auto lanes) { go(lanes, std::integral_constant<int, 1>{}); });
     }
-    return dispatch_int<2, 4>(p.packs,
-                              [&](auto packs) { go(std::integral_constant<int, 32>{}, packs); });
+    return dispatch_int<2, 4, kWarpTierMaxScalarPacks>(p.packs, [&](auto packs) {
+      if constexpr (VEC == 1 || packs <= kWarpTierMaxPacks)
+        go(std::integral_constant<int, 32>{}, packs);
+    });
   }
   if (p.tier == Tier::kBlock) {
     auto go = [&](auto packs) {
