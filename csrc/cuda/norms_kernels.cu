@@ -615,12 +615,19 @@ __global__ void __launch_bounds__(kWarp* kPartSlices)
   for (int64_t tile = blockIdx.x; tile * kPartCols < cols; tile += gridDim.x) {
     const int64_t c = tile * kPartCols + threadIdx.x * 4;
     Quad s{};
-    if (c < cols) {  // ld % 4 == 0 and ld >= cols: the 4 columns at c are inside the row
+    // ld % 4 == 0: a whole group is one aligned load. The last group of a row whose cols is
+    // not a multiple of 4 reads only its written columns (the padding is never initialized).
+    const int valid = cols - c < 4 ? int(cols - c) : 4;
+    if (valid == 4) {
 #pragma unroll 4
       for (int64_t r = threadIdx.y; r < parts; r += kPartSlices) {
         const Quad v = load_pack<A, 4>(part + r * ld + c);
 #pragma unroll
         for (int j = 0; j < 4; ++j) s.v[j] += v.v[j];
+      }
+    } else if (valid > 0) {
+      for (int64_t r = threadIdx.y; r < parts; r += kPartSlices) {
+        for (int j = 0; j < valid; ++j) s.v[j] += part[r * ld + c + j];
       }
     }
     red[threadIdx.y][threadIdx.x] = s;
