@@ -83,7 +83,7 @@ inline float erf_lane(float x) {
   p = p * t + 1.421413741f;
   p = p * t - 0.284496736f;
   p = p * t + 0.254829592f;
-  return __builtin_copysignf(1.0f - p * t * exp_lane(-x * x), x);
+  return __builtin_copysignf(1.0f - p * t * exp_lane(0.0f - x * x), x);  // as gelu_erf_grad's phi
 }
 
 // tanh = (e^2x - 1) / (e^2x + 1); |x| > 9 is +-1 in fp32 anyway (and e^2x stays finite).
