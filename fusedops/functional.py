@@ -108,11 +108,20 @@ def rms_norm(
     _tensor("rms_norm", "input", input)
     _optional_tensor("rms_norm", "weight", weight)
     shape = _shape("rms_norm", normalized_shape)
-    half = input.dtype in (torch.float16, torch.bfloat16)
-    if eps is None and half and _RMS_EPS_OF_INPUT_DTYPE:
+    if (_RMS_EPS_OF_INPUT_DTYPE or _RMS_PROMOTES_TO_WEIGHT) and input.dtype in (
+        torch.float16,
+        torch.bfloat16,
+    ):
+        return _rms_norm_torch24(input, shape, weight, eps)
+    return ops.rms_norm_fwd.default(input, shape, weight, eps)[0]
+
+
+def _rms_norm_torch24(input, shape, weight, eps):
+    """fp16/bf16 rms_norm under torch 2.4's rules (_torch_rms_norm_rules)."""
+    if eps is None and _RMS_EPS_OF_INPUT_DTYPE:
         eps = torch.finfo(input.dtype).eps
-    if half and _RMS_PROMOTES_TO_WEIGHT and weight is not None and weight.dtype == torch.float32:
-        # torch 2.4: normalized in the input dtype, then times the weight, in fp32
+    if _RMS_PROMOTES_TO_WEIGHT and weight is not None and weight.dtype == torch.float32:
+        # normalized in the input dtype, then times the weight, in fp32
         return ops.rms_norm_fwd.default(input, shape, None, eps)[0] * weight
     return ops.rms_norm_fwd.default(input, shape, weight, eps)[0]
 
