@@ -241,7 +241,7 @@ def _nonfinite_rows(n: int, dtype, device) -> torch.Tensor:
     return x.to(device=device, dtype=dtype)
 
 
-@pytest.mark.parametrize("n", [5, 40, 1025, 65536 + 3])
+@pytest.mark.parametrize("n", [5, 40, 1025, 4096, 65536 + 3])
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @pytest.mark.parametrize("log", OPS)
 def test_nonfinite_rows(device, log, dtype, n):

@@ -82,7 +82,13 @@ __device__ __forceinline__ A exp_ref(A m) {
 
 // ---------------------------------------------------------------- forward policy
 
-template <typename T>
+// kExpOnce: the row is kept in fp32, as e = exp(x - m) with m the thread's own max (softmax)
+// or as x (log_softmax), so each element costs one exp; otherwise x stays in T (half the
+// registers for fp16/bf16) and softmax takes exp again after the reduction. Measured on an
+// H100, bf16 (softmax_fwd.cu picks): one exp is ahead for rows one CTA of <= 256 threads holds
+// (16384x4096: 72 -> 83% of copy), behind for longer rows, whose fp32 row spills at 64
+// registers or, given more, halves the CTAs per SM (4096x32768: 78 -> 52-54%).
+template <typename T, bool kExpOnce = false>
 struct SoftmaxFwd {
   using Stat = MaxSum<float>;
   using Op = MaxSumOp;
@@ -91,13 +97,14 @@ struct SoftmaxFwd {
     T* y;        // [rows, cols]
     bool log;
   };
-  // x stays in its own type (recomputing exp beats doubling the registers per element).
-  static constexpr int kItemsMax = kRowRegisterWords * 4 / int(sizeof(T));
+  static constexpr int kItemsMax = kRowRegisterWords * 4 / int(kExpOnce ? 4 : sizeof(T));
 
   // The packs p = j * G + g (j < PACKS) of one row that thread g of a G-thread group owns.
   template <int VEC, int PACKS>
   struct Row {
     Pack<T, VEC> x[PACKS];
+    float v[kExpOnce ? PACKS : 1][VEC];  // kExpOnce: e (softmax) or x (log_softmax) in fp32
+    float m;                             // kExpOnce: this thread's max
 
     __device__ __forceinline__ Stat load(const Args& a, int64_t offset, int g, int G, int npacks,
                                          bool valid) {
@@ -106,7 +113,7 @@ struct SoftmaxFwd {
         const int p = j * G + g;
         if (valid && p < npacks) x[j] = load_pack<T, VEC>(a.x + offset + int64_t(p) * VEC);
       }
-      float m = -INFINITY;
+      m = -INFINITY;
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
         if (!valid || j * G + g >= npacks) continue;
@@ -119,14 +126,22 @@ struct SoftmaxFwd {
       for (int j = 0; j < PACKS; ++j) {
         if (!valid || j * G + g >= npacks) continue;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) s += acc_exp(to_acc(x[j].v[k]) - ref);
+        for (int k = 0; k < VEC; ++k) {
+          const float xk = to_acc(x[j].v[k]), e = acc_exp(xk - ref);
+          if constexpr (kExpOnce) v[j][k] = a.log ? xk : e;
+          s += e;
+        }
       }
       return {m, s};
     }
 
     __device__ __forceinline__ void store(const Args& a, int64_t offset, int g, int G, int npacks,
                                           bool valid, Stat row) const {
+      // kExpOnce softmax: y = e * exp(m - M) / S. A thread whose max is -inf holds e = 0 (or
+      // NaN): 0 / S makes its y 0, or NaN where torch's is (S is NaN for a row with NaN, 0 for
+      // a row of all -inf).
       const float log_sum = logf(row.s), inv = 1.f / row.s;
+      const float scale = m != -INFINITY ? acc_exp(m - row.m) * inv : 0.f / row.s;
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
         const int p = j * G + g;
@@ -134,8 +149,12 @@ struct SoftmaxFwd {
         float out[VEC];
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float v = to_acc(x[j].v[k]);
-          out[k] = a.log ? (v - row.m) - log_sum : acc_exp(v - row.m) * inv;
+          if constexpr (kExpOnce) {
+            out[k] = a.log ? (v[j][k] - row.m) - log_sum : v[j][k] * scale;
+          } else {
+            const float xk = to_acc(x[j].v[k]);
+            out[k] = a.log ? (xk - row.m) - log_sum : acc_exp(xk - row.m) * inv;
+          }
         }
         store_pack<T, VEC>(a.y + offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
       }
