@@ -82,12 +82,12 @@ __device__ __forceinline__ A exp_ref(A m) {
 
 // ---------------------------------------------------------------- forward policy
 
-// kExpOnce: the row is kept in fp32, as e = exp(x - m) with m the thread's own max (softmax)
-// or as x (log_softmax), so each element costs one exp; otherwise x stays in T (half the
-// registers for fp16/bf16) and softmax takes exp again after the reduction. Measured on an
-// H100, bf16 (softmax_fwd.cu picks): one exp is ahead for rows one CTA of <= 256 threads holds
-// (16384x4096: 72 -> 83% of copy), behind for longer rows, whose fp32 row spills at 64
-// registers or, given more, halves the CTAs per SM (4096x32768: 78 -> 52-54%).
+// kExpOnce (softmax only: log_softmax takes no exp after the reduction): the row is kept in
+// fp32 as e = exp(x - m), m the thread's own max, so each element costs one exp; otherwise x
+// stays in T (half the registers for fp16/bf16) and softmax takes exp again after the reduction.
+// Measured on an H100, bf16 (softmax_fwd.cu picks): one exp is ahead for rows one CTA of <= 256
+// threads holds (16384x4096: 72 -> 85% of copy), behind for longer rows, whose fp32 row spills at
+// 64 registers or, given more, halves the CTAs per SM (4096x32768: 78 -> 52-54%).
 template <typename T, bool kExpOnce = false>
 struct SoftmaxFwd {
   using Stat = MaxSum<float>;
@@ -103,7 +103,7 @@ struct SoftmaxFwd {
   template <int VEC, int PACKS>
   struct Row {
     Pack<T, VEC> x[PACKS];
-    float v[kExpOnce ? PACKS : 1][VEC];  // kExpOnce: e (softmax) or x (log_softmax) in fp32
+    float e[kExpOnce ? PACKS : 1][VEC];  // kExpOnce: exp(x - m)
     float m;                             // kExpOnce: this thread's max
 
     __device__ __forceinline__ Stat load(const Args& a, int64_t offset, int g, int G, int npacks,
@@ -127,9 +127,9 @@ struct SoftmaxFwd {
         if (!valid || j * G + g >= npacks) continue;
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float xk = to_acc(x[j].v[k]), e = acc_exp(xk - ref);
-          if constexpr (kExpOnce) v[j][k] = a.log ? xk : e;
-          s += e;
+          const float ek = acc_exp(to_acc(x[j].v[k]) - ref);
+          if constexpr (kExpOnce) e[j][k] = ek;
+          s += ek;
         }
       }
       return {m, s};
@@ -150,7 +150,7 @@ struct SoftmaxFwd {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
           if constexpr (kExpOnce) {
-            out[k] = a.log ? (v[j][k] - row.m) - log_sum : v[j][k] * scale;
+            out[k] = e[j][k] * scale;
           } else {
             const float xk = to_acc(x[j].v[k]);
             out[k] = a.log ? (xk - row.m) - log_sum : acc_exp(xk - row.m) * inv;
