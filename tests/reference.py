@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # ATOL, in units of scale (see the module docstring), per dtype. fp16/bf16: one machine epsilon;
 # torch's error there is at least the output's rounding (half an epsilon), so 2 * err(torch)
@@ -433,3 +434,24 @@ def capture_cuda_graph(step):
     with torch.cuda.graph(graph):
         static = step()
     return graph, static
+
+
+def zero_fills_in_backward(loss: torch.Tensor) -> list[tuple[str, tuple[int, ...]]]:
+    """(op, shape) of every zero-filled tensor made while loss.backward() runs: an autograd node
+    that materializes zero gradients for outputs nothing used (torch's default for C++ functions)
+    shows up here as an aten.zeros of that output's shape."""
+    fills = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if name in ("zeros", "zeros_like", "new_zeros", "zero_", "fill_") and isinstance(
+                out, torch.Tensor
+            ):
+                fills.append((name, tuple(out.shape)))
+            return out
+
+    with Record():
+        loss.backward()
+    return fills

@@ -9,7 +9,12 @@ import gc
 import pytest
 import torch
 import torch.nn.functional as F
-from reference import capture_cuda_graph, rms_norm_default_eps, rms_norm_out_dtype
+from reference import (
+    capture_cuda_graph,
+    rms_norm_default_eps,
+    rms_norm_out_dtype,
+    zero_fills_in_backward,
+)
 
 import fusedops
 from fusedops._ops import ops
@@ -482,3 +487,14 @@ def test_cuda_more_than_2_31_elements(op):
     xt = tail.clone().requires_grad_()
     (dxt,) = torch.autograd.grad(_call(_torch(op), op, xt, [cols], w, b, 1e-5), xt, dy[-5:])
     torch.testing.assert_close(dx[-5:], dxt)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", OPS)
+def test_backward_fills_no_zero_gradients(device, op):
+    """mean and rstd, the ops' non-differentiable outputs, get no zero-filled gradients."""
+    x = torch.randn(6, 8, device=device, requires_grad=True)
+    w = torch.randn(8, device=device, requires_grad=True)
+    y = fusedops.layer_norm(x, [8], w) if op == "layer_norm" else fusedops.rms_norm(x, [8], w)
+    assert zero_fills_in_backward(y.square().sum()) == []
+    assert x.grad is not None and w.grad is not None

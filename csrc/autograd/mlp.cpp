@@ -92,6 +92,8 @@ class MlpFunction : public torch::autograd::Function<MlpFunction> {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, pre, act] = mlp_fwd_op(x, w1, b1, w2, b2, approximate, save_pre, save_act);
     ctx->mark_non_differentiable({pre, act});
+    // No zero-filled gradients for pre and act (two [rows, hidden] buffers and fills per step).
+    ctx->set_materialize_grads(false);
     ctx->save_for_backward({x, w1, w2, pre, act});
     ctx->saved_data["approximate"] = approximate;
     ctx->saved_data["save_pre"] = save_pre;
@@ -115,7 +117,7 @@ class MlpFunction : public torch::autograd::Function<MlpFunction> {
         ctx->needs_input_grad(w2_edge), has_b2 && ctx->needs_input_grad(w2_edge + 1)};
     // One entry per forward argument, bias or not: x, w1, b1, w2, b2, approximate, save_*.
     variable_list out(8);
-    if (!(mask[0] || mask[1] || mask[2] || mask[3] || mask[4])) return out;
+    if (!grads[0].defined() || !(mask[0] || mask[1] || mask[2] || mask[3] || mask[4])) return out;
     auto g = mlp_bwd_op(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                         ctx->saved_data["approximate"].toStringRef(), mask);
     const at::Tensor all[5] = {std::get<0>(g), std::get<1>(g), std::get<2>(g), std::get<3>(g),

@@ -102,10 +102,12 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     ctx->save_for_backward({input, weight.value_or(Tensor()), bias.value_or(Tensor()), mean, rstd});
     ctx->saved_data["normalized_shape"] = normalized_shape.vec();
     ctx->mark_non_differentiable({mean, rstd});
+    ctx->set_materialize_grads(false);  // no zero-filled gradients for mean and rstd
     return {out, mean, rstd};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(5);  // out took no part in the loss
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &input = saved[0], &weight = saved[1], &bias = saved[2];
     check_no_double_backward("layer_norm", {grads[0], input, weight, bias});
@@ -128,10 +130,12 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     ctx->save_for_backward({input, weight.value_or(Tensor()), rstd});
     ctx->saved_data["normalized_shape"] = normalized_shape.vec();
     ctx->mark_non_differentiable({rstd});
+    ctx->set_materialize_grads(false);  // no zero-filled gradient for rstd
     return {out, rstd};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(4);  // out took no part in the loss
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &input = saved[0], &weight = saved[1];
     check_no_double_backward("rms_norm", {grads[0], input, weight});

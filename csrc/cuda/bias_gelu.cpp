@@ -35,10 +35,11 @@ at::Tensor bias_gelu_rows_fwd_cuda(const at::Tensor& input, const at::Tensor& bi
 std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& grad_output,
                                                            const at::Tensor& input,
                                                            const at::Tensor& bias,
-                                                           GeluApprox approx, bool want_dbias) {
+                                                           GeluApprox approx, bool want_dbias,
+                                                           bool overwrite_grad_output) {
   const c10::cuda::CUDAGuard guard(input.device());
   const int64_t rows = input.size(0), cols = input.size(1);
-  at::Tensor dx = at::empty({rows, cols}, input.options());
+  at::Tensor dx = overwrite_grad_output ? grad_output : at::empty({rows, cols}, input.options());
   at::Tensor db;
   if (want_dbias) {
     db = rows == 0 ? at::zeros({cols}, input.options()) : at::empty({cols}, input.options());

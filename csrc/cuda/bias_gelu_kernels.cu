@@ -105,13 +105,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// partial (when not null) gets this block's column sums of dx: partial[blockIdx.y][col].
+// partial (when not null) gets this block's column sums of dx: partial[blockIdx.y][col]. dx may
+// be dy (written in place: each element is read, then written, by the same thread), so neither is
+// __restrict__.
 template <typename T, int VEC, GeluApprox kApprox>
 __global__ void __launch_bounds__(kThreads)
-    bias_gelu_bwd_kernel(const T* __restrict__ dy,        // [rows, cols]
+    bias_gelu_bwd_kernel(const T* dy,                     // [rows, cols]
                          const T* __restrict__ x,         // [rows, cols]
                          const T* __restrict__ bias,      // [cols] or null
-                         T* __restrict__ dx,              // [rows, cols]
+                         T* dx,                           // [rows, cols]
                          acc_t<T>* __restrict__ partial,  // [gridDim.y, cols] or null
                          int64_t rows, int64_t cols) {
   using Acc = acc_t<T>;

@@ -329,7 +329,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     if (!fused) {
       at::Tensor dact = at::empty({p.rows, p.hidden}, opts);
       gemm_into(dact, dy2, false, w2c, false);
-      std::tie(dpre, db1) = bias_gelu_rows_bwd_cuda(dact, pre2, at::Tensor(), p.approx, mask[2]);
+      std::tie(dpre, db1) =
+          bias_gelu_rows_bwd_cuda(dact, pre2, at::Tensor(), p.approx, mask[2], true);
     }
     if (mask[1]) {
       g[1] = at::empty({p.hidden, p.in}, opts);
