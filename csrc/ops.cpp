@@ -57,6 +57,13 @@ TORCH_LIBRARY(fusedops, m) {
       "mlp_bwd(Tensor grad_out, Tensor x, Tensor w1, Tensor w2, Tensor pre, Tensor act, "
       "str approximate, bool[5] output_mask) -> (Tensor grad_x, Tensor grad_w1, Tensor grad_b1, "
       "Tensor grad_w2, Tensor grad_b2)");
+  // The fully fused small-width MLP (fusedops.nn.FullyFusedMLP): weights[l] [out_l, in_l], biases
+  // empty or one per weight; activation after every hidden layer, output_activation after the
+  // last; the saves for the backward are empty [0] tensors unless save_for_backward.
+  // clang-format off
+  m.def("fully_fused_mlp_fwd(Tensor x, Tensor[] weights, Tensor[] biases, str activation, str output_activation, bool save_for_backward) -> (Tensor out, Tensor hidden_act, Tensor hidden_pre, Tensor out_pre)");
+  m.def("fully_fused_mlp_bwd(Tensor grad_out, Tensor x, Tensor[] weights, Tensor hidden_act, Tensor hidden_pre, Tensor out_pre, str activation, str output_activation, bool has_bias) -> (Tensor grad_x, Tensor[] grad_weights, Tensor[] grad_biases)");
+  // clang-format on
   m.def("build_info() -> str", &build_info);
 #ifdef FUSEDOPS_WITH_CUDA
   // The kernel resource report (fusedops.tools.kernels): record launch configurations while on,

@@ -6,21 +6,24 @@ from fusedops import nn
 from fusedops._ops import ops as _ops
 from fusedops.functional import (
     bias_gelu,
+    fully_fused_mlp,
     fused_mlp,
     layer_norm,
     log_softmax,
     rms_norm,
     softmax,
 )
-from fusedops.nn import FusedMLP
+from fusedops.nn import FullyFusedMLP, FusedMLP
 from fusedops.swap import swap
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "FullyFusedMLP",
     "FusedMLP",
     "bias_gelu",
     "build_info",
+    "fully_fused_mlp",
     "fused_mlp",
     "layer_norm",
     "log_softmax",

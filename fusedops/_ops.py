@@ -135,3 +135,44 @@ def _mlp_bwd_fake(grad_out, x, w1, w2, pre, act, approximate, output_mask):
     shapes = (x.shape, w1.shape, w1.shape[:1], w2.shape, w2.shape[:1])
     pairs = zip(shapes, output_mask, strict=True)
     return tuple(x.new_empty(shape if need else (0,)) for shape, need in pairs)
+
+
+_MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "none")
+
+
+def _check_activation(op: str, arg: str, value: str) -> None:
+    if value not in _MLP_ACTIVATIONS:
+        raise ValueError(
+            f"fusedops.{op}: {arg} must be 'gelu', 'gelu_tanh', 'relu' or 'none', got '{value}'"
+        )
+
+
+@torch.library.register_fake("fusedops::fully_fused_mlp_fwd")
+def _fully_fused_mlp_fwd_fake(x, weights, biases, activation, output_activation, save):
+    _check_activation("fully_fused_mlp", "activation", activation)
+    _check_activation("fully_fused_mlp", "output_activation", output_activation)
+    torch._check(len(weights) >= 2, lambda: "fully_fused_mlp needs at least 2 weights")
+    torch._check(x.shape[-1] == weights[0].shape[1], lambda: "x and weights[0] sizes differ")
+    rows = x.numel() // x.shape[-1] if x.shape[-1] != 0 else 0
+    layers, hidden, out = len(weights) - 1, weights[0].shape[0], weights[-1].shape[0]
+
+    def save_if(keep, shape):  # absent saves are [0], each its own tensor
+        return x.new_empty(shape if save and keep else (0,))
+
+    return (
+        x.new_empty(_features(x, out)),
+        save_if(True, (layers, rows, hidden)),
+        save_if(activation.startswith("gelu"), (layers, rows, hidden)),
+        save_if(output_activation != "none", (rows, out)),
+    )
+
+
+@torch.library.register_fake("fusedops::fully_fused_mlp_bwd")
+def _fully_fused_mlp_bwd_fake(
+    grad_out, x, weights, hidden_act, hidden_pre, out_pre, activation, output_activation, has_bias
+):
+    _check_activation("fully_fused_mlp_backward", "activation", activation)
+    _check_activation("fully_fused_mlp_backward", "output_activation", output_activation)
+    grad_w = [torch.empty_like(w, memory_format=torch.contiguous_format) for w in weights]
+    grad_b = [w.new_empty(w.shape[:1]) for w in weights] if has_bias else []
+    return torch.empty_like(x, memory_format=torch.contiguous_format), grad_w, grad_b

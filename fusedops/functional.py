@@ -7,7 +7,15 @@ import torch
 
 from fusedops._ops import ops
 
-__all__ = ["bias_gelu", "fused_mlp", "layer_norm", "log_softmax", "rms_norm", "softmax"]
+__all__ = [
+    "bias_gelu",
+    "fully_fused_mlp",
+    "fused_mlp",
+    "layer_norm",
+    "log_softmax",
+    "rms_norm",
+    "softmax",
+]
 
 
 # Python-level argument types: the binding would turn None into an undefined tensor (an error
@@ -164,3 +172,37 @@ def fused_mlp(
         x, w1, b1, w2, b2, approximate, needs_grad, needs_grad and not recompute_activation
     )
     return out
+
+
+def fully_fused_mlp(
+    x: torch.Tensor,
+    weights: Sequence[torch.Tensor],
+    biases: Sequence[torch.Tensor] | None = None,
+    activation: str = "gelu",
+    output_activation: str = "none",
+) -> torch.Tensor:
+    """A small-width MLP as one kernel per direction (fusedops.nn.FullyFusedMLP's function).
+
+    h = x [..., in]; h = activation(linear(h, weights[l], biases[l])) for every weight but the
+    last; returns output_activation(linear(h, weights[-1], biases[-1])). weights[l] is
+    nn.Linear's [out_l, in_l]; biases is None or one per weight. activation and
+    output_activation: 'gelu' (erf), 'gelu_tanh', 'relu' or 'none'. On CUDA, fp16/bf16
+    networks with features up to 128 (hidden a multiple of 16) run fused on sm_80+; any other
+    input runs the same network as ATen ops.
+    """
+    op = "fully_fused_mlp"
+    _tensor(op, "x", x)
+    for arg, seq in (("weights", weights), ("biases", biases)):
+        if seq is None and arg == "biases":
+            continue
+        if not isinstance(seq, Sequence) or not all(isinstance(t, torch.Tensor) for t in seq):
+            raise TypeError(f"fusedops.{op}: {arg} must be a sequence of Tensors, got {seq!r}")
+    for arg, value in (("activation", activation), ("output_activation", output_activation)):
+        if not isinstance(value, str):
+            raise TypeError(f"fusedops.{op}: {arg} must be a str, got {value!r}")
+    biases = [] if biases is None else list(biases)
+    weights = list(weights)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights, *biases))
+    return ops.fully_fused_mlp_fwd.default(
+        x, weights, biases, activation, output_activation, needs_grad
+    )[0]

@@ -4,7 +4,15 @@ import torch
 
 from fusedops import functional as F
 
-__all__ = ["BiasGELU", "FusedMLP", "LayerNorm", "LogSoftmax", "RMSNorm", "Softmax"]
+__all__ = [
+    "BiasGELU",
+    "FullyFusedMLP",
+    "FusedMLP",
+    "LayerNorm",
+    "LogSoftmax",
+    "RMSNorm",
+    "Softmax",
+]
 
 
 class Softmax(torch.nn.Softmax):
@@ -172,3 +180,134 @@ class FusedMLP(torch.nn.Module):
         if self.recompute_activation:
             extra += ", recompute_activation=True"
         return extra
+
+
+_ACTIVATION_MODULES = {
+    "gelu": lambda: torch.nn.GELU(),
+    "gelu_tanh": lambda: torch.nn.GELU(approximate="tanh"),
+    "relu": lambda: torch.nn.ReLU(),
+}
+
+
+def _activation_name(module: torch.nn.Module) -> str | None:
+    """The fully_fused_mlp name of an activation module, None if it has none."""
+    if type(module) is torch.nn.GELU:
+        return "gelu" if module.approximate == "none" else "gelu_tanh"
+    if type(module) is torch.nn.ReLU:
+        return "relu"
+    return None
+
+
+class FullyFusedMLP(torch.nn.Sequential):
+    """A small-width MLP computed as one kernel per direction (fusedops.fully_fused_mlp).
+
+    Linear(in, hidden), activation, then hidden_layers - 1 times Linear(hidden, hidden),
+    activation, then Linear(hidden, out) and output_activation: an nn.Sequential of exactly those
+    modules (activation 'none' adds none), so its state_dict keys are that Sequential's and a
+    trained eager model loads into it (or use from_sequential). Activations: 'gelu' (erf),
+    'gelu_tanh', 'relu', 'none'.
+
+    On CUDA (sm_80+), fp16/bf16 networks with in, out <= 128 and hidden a multiple of 16 up to
+    128 run fused: the activations stay on chip from layer to layer, and the backward's weight
+    gradients are GEMMs over the pre-activation gradients (deterministic). Everything else (CPU,
+    MPS, fp32, wider networks) runs the same network as ATen ops.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        hidden_features: int,
+        hidden_layers: int,
+        bias: bool = True,
+        activation: str = "gelu",
+        output_activation: str = "none",
+        device=None,
+        dtype=None,
+    ):
+        owner = "FullyFusedMLP"
+        for arg, value in (("activation", activation), ("output_activation", output_activation)):
+            if value not in (*_ACTIVATION_MODULES, "none"):
+                raise ValueError(
+                    f"{owner}: {arg} must be 'gelu', 'gelu_tanh', 'relu' or 'none', got {value!r}"
+                )
+        for arg, value in (
+            ("in_features", in_features),
+            ("out_features", out_features),
+            ("hidden_features", hidden_features),
+            ("hidden_layers", hidden_layers),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{owner}: {arg} must be a positive int, got {value!r}")
+        factory = {"device": device, "dtype": dtype}
+        modules: list[torch.nn.Module] = []
+        for layer in range(hidden_layers + 1):
+            fan_in = in_features if layer == 0 else hidden_features
+            fan_out = out_features if layer == hidden_layers else hidden_features
+            modules.append(torch.nn.Linear(fan_in, fan_out, bias=bias, **factory))
+            act = output_activation if layer == hidden_layers else activation
+            if act != "none":
+                modules.append(_ACTIVATION_MODULES[act]())
+        super().__init__(*modules)
+        self.activation = activation
+        self.output_activation = output_activation
+
+    def linears(self) -> list[torch.nn.Linear]:
+        return [m for m in self if isinstance(m, torch.nn.Linear)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        linears = self.linears()
+        biases = [m.bias for m in linears] if linears[0].bias is not None else None
+        return F.fully_fused_mlp(
+            x, [m.weight for m in linears], biases, self.activation, self.output_activation
+        )
+
+    @classmethod
+    def from_sequential(cls, seq: torch.nn.Sequential) -> "FullyFusedMLP":
+        """A FullyFusedMLP computing seq, made of seq's own modules (no copy).
+
+        seq must be Linear, act, Linear, act, ..., Linear[, out_act] with one activation type
+        (nn.GELU or nn.ReLU) after every hidden Linear, all Linears biased or none, and at least
+        one hidden layer.
+        """
+        modules, linears, acts = list(seq), [], []
+        while modules:  # Linear, then its activation if one follows
+            linears.append(modules.pop(0))
+            acts.append("none")
+            if modules and type(modules[0]) is not torch.nn.Linear:
+                acts[-1] = _activation_name(modules.pop(0))
+        if (
+            len(linears) < 2
+            or any(type(m) is not torch.nn.Linear for m in linears)
+            or None in acts
+            or len(set(acts[:-1])) != 1
+            or len({m.bias is None for m in linears}) != 1
+        ):
+            raise TypeError(
+                "FullyFusedMLP.from_sequential: expected Linear, act, ..., Linear[, out_act] with "
+                "one activation (nn.GELU or nn.ReLU) after every hidden Linear and all Linears "
+                f"biased or none, got {seq}"
+            )
+        activation, output_activation = acts[0], acts[-1]
+        first, last = linears[0], linears[-1]
+        hidden_features = first.out_features
+        if any(m.in_features != hidden_features for m in linears[1:]) or any(
+            m.out_features != hidden_features for m in linears[:-1]
+        ):
+            raise TypeError(
+                "FullyFusedMLP.from_sequential: every hidden Linear must have the same width, "
+                f"got {seq}"
+            )
+        with torch.device("meta"):
+            mlp = cls(
+                first.in_features,
+                last.out_features,
+                hidden_features,
+                len(linears) - 1,
+                bias=first.bias is not None,
+                activation=activation,
+                output_activation=output_activation,
+            )
+        for i, module in enumerate(seq):  # the same layout: take seq's own modules
+            mlp[i] = module
+        return mlp

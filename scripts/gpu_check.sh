@@ -62,17 +62,21 @@ sanitizer() {
   local softmax=(tests/test_softmax.py -k "every_kernel_path or raises or range")
   local norms=(tests/test_norms.py -k "cuda_kernel_tiers and bfloat16 or misaligned_pointer or deterministic")
   local mlp=(tests/test_mlp.py tests/test_bias_gelu.py -m cuda -k "not compile and not epilogues_used")
+  local ffm=(tests/test_fully_fused_mlp.py -m cuda -k "not fused_kernels_run")
   rm -f "$RESULTS/sanitizer.rc"
   run_tool memcheck softmax "${softmax[@]}" &
   run_tool memcheck norms "${norms[@]}" &
   run_tool memcheck mlp "${mlp[@]}" &
   run_tool racecheck softmax "${softmax[@]}" &
   run_tool racecheck norms "${norms[@]}" &
+  run_tool memcheck ffm "${ffm[@]}" &
+  run_tool racecheck ffm "${ffm[@]}" &
   wait
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1
   run_tool initcheck softmax "${softmax[@]}" &
   run_tool initcheck norms "${norms[@]}" &
   run_tool initcheck mlp "${mlp[@]}" &
+  run_tool initcheck ffm "${ffm[@]}" &
   wait
   unset PYTORCH_NO_CUDA_MEMORY_CACHING
   ! grep -qv '^0$' "$RESULTS/sanitizer.rc"

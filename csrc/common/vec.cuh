@@ -117,6 +117,8 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& v) {
   }
 }
 
-inline bool is_aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+__host__ __device__ inline bool is_aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
 
 }  // namespace fusedops

@@ -19,6 +19,8 @@ with torch.profiler) for eager and fusedops at D = 1024. Results: <out>/<device>
 rewritten after every cell so a run cut short keeps what it measured; <out> is ./fusedops-bench
 (untracked) unless given (the committed results: --out bench/results).
 
+--fully-fused benchmarks fusedops.nn.FullyFusedMLP instead (fusedops.tools.bench_ffm).
+
 CPU (a smoke test): 256 tokens by default, ms and speedups only, no torch.compile unless
 --compile.
 """
@@ -333,6 +335,10 @@ def _dims(s: str) -> list[int]:
 
 
 def main(argv=None) -> None:
+    if "--fully-fused" in (sys.argv[1:] if argv is None else argv):
+        from fusedops.tools import bench_ffm  # its own options: --fully-fused --help
+
+        return bench_ffm.main(argv)
     ap = argparse.ArgumentParser(
         prog="python -m fusedops.bench_mlp", description=__doc__.splitlines()[0]
     )
@@ -356,6 +362,11 @@ def main(argv=None) -> None:
         "(default: as --compile)",
     )
     ap.add_argument("--device", choices=bench.DEVICES, help="default: cuda, else mps, else cpu")
+    ap.add_argument(
+        "--fully-fused",
+        action="store_true",
+        help="benchmark fusedops.nn.FullyFusedMLP instead (see --fully-fused --help)",
+    )
     ap.add_argument(
         "--out",
         default=bench.DEFAULT_OUT,

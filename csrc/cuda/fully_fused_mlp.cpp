@@ -1,0 +1,135 @@
+// Host side of the CUDA fully fused MLP: fp16/bf16 problems the kernels serve (sm_80+, features up
+// to 128, every layer's weights in one block's shared memory) run fully_fused_mlp_kernels.cu;
+// everything else runs the composed path. The backward's weight and bias gradients are ATen GEMMs
+// and sums over the pre-activation gradients the backward kernel writes.
+#include "fully_fused_mlp.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "common/cuda_host.h"
+#include "cuda/fully_fused_mlp_kernels.h"
+
+namespace fusedops {
+namespace {
+
+FfmShape shape_of(const FfmProblem& p) {
+  return {p.rows, int(p.in), int(p.hidden), int(p.out), int(p.hidden_layers + 1),
+          p.act,  p.out_act, p.has_bias};
+}
+
+// Whether the fused kernels take this problem (the composed path does otherwise).
+bool fused_ok(const FfmProblem& p, const at::Tensor& x) {
+  const auto dtype = x.scalar_type();
+  if (dtype != at::kHalf && dtype != at::kBFloat16) return false;
+  if (p.in > kFfmMaxFeatures || p.out > kFfmMaxFeatures || p.hidden > kFfmMaxFeatures ||
+      p.hidden_layers + 1 > kFfmMaxMatrices) {
+    return false;
+  }
+  return ffm_supported(shape_of(p), current_device_info());
+}
+
+FfmFwdOutputs fully_fused_mlp_fwd(const at::Tensor& x, at::TensorList weights,
+                                  at::TensorList biases, c10::string_view activation,
+                                  c10::string_view output_activation, bool save_for_backward) {
+  const FfmProblem p =
+      check_ffm("fully_fused_mlp", x, weights, biases, activation, output_activation);
+  const c10::cuda::CUDAGuard guard(x.device());
+  if (!fused_ok(p, x)) return ffm_fwd_composed(p, x, weights, biases, save_for_backward);
+  auto [hidden_act, hidden_pre, out_pre] = ffm_empty_saves(p, x, save_for_backward);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = p.out;
+  at::Tensor y = at::empty(shape, x.options());
+  if (p.rows == 0) return {y, hidden_act, hidden_pre, out_pre};
+  const at::Tensor xc = x.contiguous();
+  std::vector<at::Tensor> keep;  // contiguous copies live until the launch is queued
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "fully_fused_mlp_fwd", [&] {
+    using T = cuda_t<scalar_t>;
+    FfmForward<T> f{};
+    f.s = shape_of(p);
+    f.x = cuda_ptr<scalar_t>(xc);
+    for (size_t l = 0; l < weights.size(); ++l) {
+      keep.push_back(weights[l].contiguous());
+      f.w[l] = cuda_ptr<scalar_t>(keep.back());
+      if (p.has_bias) {
+        keep.push_back(biases[l].contiguous());
+        f.b[l] = cuda_ptr<scalar_t>(keep.back());
+      }
+    }
+    f.y = cuda_mut_ptr<scalar_t>(y);
+    // Absent saves are empty [0] tensors: null for the kernel.
+    const auto save = [](at::Tensor& t) {
+      return t.numel() > 0 ? cuda_mut_ptr<scalar_t>(t) : nullptr;
+    };
+    f.hidden_act = save(hidden_act);
+    f.hidden_pre = save(hidden_pre);
+    f.out_pre = save(out_pre);
+    C10_CUDA_CHECK(ffm_forward_cuda(f, current_device_info(), at::cuda::getCurrentCUDAStream()));
+  });
+  return {y, hidden_act, hidden_pre, out_pre};
+}
+
+FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& x,
+                                  at::TensorList weights, const at::Tensor& hidden_act,
+                                  const at::Tensor& hidden_pre, const at::Tensor& out_pre,
+                                  c10::string_view activation, c10::string_view output_activation,
+                                  bool has_bias) {
+  const char* op = "fully_fused_mlp_backward";
+  FfmProblem p = check_ffm(op, x, weights, {}, activation, output_activation);
+  p.has_bias = has_bias;
+  check_ffm_saves(op, p, grad_out, hidden_act, hidden_pre, out_pre);
+  const c10::cuda::CUDAGuard guard(x.device());
+  if (!fused_ok(p, x)) {
+    return ffm_bwd_composed(p, grad_out, x, weights, hidden_act, hidden_pre, out_pre);
+  }
+  const at::Tensor go = grad_out.contiguous();
+  const bool out_grad_differs = p.out_act != MlpActivation::kNone;
+  at::Tensor grad_out_pre = out_grad_differs ? at::empty({p.rows, p.out}, x.options()) : go;
+  at::Tensor grad_hidden_pre = at::empty({p.hidden_layers, p.rows, p.hidden}, x.options());
+  at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  if (p.rows > 0) {
+    std::vector<at::Tensor> keep;
+    AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "fully_fused_mlp_bwd", [&] {
+      using T = cuda_t<scalar_t>;
+      FfmBackward<T> b{};
+      b.s = shape_of(p);
+      b.grad_out = cuda_ptr<scalar_t>(go);
+      for (size_t l = 0; l < weights.size(); ++l) {
+        keep.push_back(weights[l].contiguous());
+        b.w[l] = cuda_ptr<scalar_t>(keep.back());
+      }
+      keep.push_back(hidden_act.contiguous());
+      b.hidden_act = cuda_ptr<scalar_t>(keep.back());
+      if (is_gelu(p.act)) {
+        keep.push_back(hidden_pre.contiguous());
+        b.hidden_pre = cuda_ptr<scalar_t>(keep.back());
+      }
+      if (out_grad_differs) {
+        keep.push_back(out_pre.contiguous());
+        b.out_pre = cuda_ptr<scalar_t>(keep.back());
+        b.grad_out_pre = cuda_mut_ptr<scalar_t>(grad_out_pre);
+      }
+      b.grad_hidden_pre = cuda_mut_ptr<scalar_t>(grad_hidden_pre);
+      b.grad_x = cuda_mut_ptr<scalar_t>(grad_x);
+      C10_CUDA_CHECK(ffm_backward_cuda(b, current_device_info(), at::cuda::getCurrentCUDAStream()));
+    });
+  }
+  std::vector<at::Tensor> grad_pre(grad_hidden_pre.unbind(0));
+  grad_pre.push_back(grad_out_pre.reshape({p.rows, p.out}));
+  auto [grad_w, grad_b] = ffm_param_grads(p, x, hidden_act, grad_pre);
+  return {grad_x, grad_w, grad_b};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
+  m.impl("fully_fused_mlp_fwd", &fully_fused_mlp_fwd);
+  m.impl("fully_fused_mlp_bwd", &fully_fused_mlp_bwd);
+}
+
+}  // namespace fusedops

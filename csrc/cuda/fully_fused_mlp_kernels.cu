@@ -1,0 +1,558 @@
+// The fully fused MLP: one kernel runs every layer of a small-width network over a 16-row tile
+// per warp, forward and backward.
+//
+// Why it is fast: an eager MLP of width w writes and re-reads a [rows, w] activation per layer;
+// here only x and y (forward) or grad_out, the saved activations and the gradients the weight
+// GEMMs need (backward) touch DRAM. A warp keeps its 16 rows in registers from layer to layer:
+// the fp32 accumulator of one m16n8k16 MMA, rounded to bf16/fp16 pairs, is exactly the A-operand
+// fragment of the next layer's MMA (same rows, same column pairs), so activations never go
+// through shared memory. Every layer's weights sit in shared memory for the life of a persistent
+// block, loaded once from L2; each warp reads B fragments from there with conflict-free 32-bit
+// loads (rows padded by kSkew halves). Only x, y and the per-tile outputs pass through a small
+// per-warp staging tile, which makes their global accesses coalesced whatever the feature count.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 with .row.col; g = lane / 4, t = lane % 4):
+//   A 16x16: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
+//   B 16x8:  b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g); B[k][n] = W[n][k] is nn.Linear's
+//            [out, in] row-major, read as is in the forward and stored transposed for the backward
+//   C 16x8:  c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..)
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+#include "common/math.h"
+#include "common/vec.cuh"
+#include "cuda/fully_fused_mlp_kernels.h"
+
+namespace fusedops {
+namespace {
+
+constexpr int kWarps = 8;      // warps per block, 16 rows each
+constexpr int kTileRows = 16;  // rows per warp tile: the MMA's M
+constexpr int kSkew = 8;       // halves added to each shared-memory row (bank-conflict-free)
+
+__host__ __device__ constexpr int pad16(int n) { return (n + 15) / 16 * 16; }
+
+// Matrix l maps k (padded) input features to n (padded) outputs.
+struct MatDims {
+  int n, k;
+};
+__host__ __device__ inline MatDims mat_dims(const FfmShape& s, int l) {
+  return {l == s.matrices - 1 ? pad16(s.out) : s.hidden, l == 0 ? pad16(s.in) : s.hidden};
+}
+__host__ __device__ inline int mat_real_n(const FfmShape& s, int l) {
+  return l == s.matrices - 1 ? s.out : s.hidden;
+}
+__host__ __device__ inline int mat_real_k(const FfmShape& s, int l) {
+  return l == 0 ? s.in : s.hidden;
+}
+
+// Halves of shared memory holding matrix l: forward [n][k + kSkew], backward [k][n + kSkew].
+__host__ __device__ inline int mat_elems(const FfmShape& s, int l, bool transposed) {
+  const MatDims d = mat_dims(s, l);
+  return transposed ? d.k * (d.n + kSkew) : d.n * (d.k + kSkew);
+}
+
+// Staging rows hold x or y (forward), grad_out or grad_x (backward).
+__host__ __device__ inline int stage_ld(const FfmShape& s) {
+  return (pad16(s.in) > pad16(s.out) ? pad16(s.in) : pad16(s.out)) + kSkew;
+}
+
+// Shared memory of one block: every matrix, the fp32 biases (forward), the staging tiles.
+template <typename T>
+size_t smem_bytes(const FfmShape& s, bool backward) {
+  size_t halves = 0, biases = 0;
+  for (int l = 0; l < s.matrices; ++l) {
+    halves += mat_elems(s, l, backward);
+    biases += mat_dims(s, l).n;
+  }
+  return halves * sizeof(T) + (backward ? 0 : biases * sizeof(float)) +
+         size_t(kWarps) * kTileRows * stage_ld(s) * sizeof(T);
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  const float v[2] = {lo, hi};
+  const Pack<T, 2> p = pack_from_acc<T, 2>(v);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack2(uint32_t bits, float& lo, float& hi) {
+  const Pack<T, 2> p = *reinterpret_cast<const Pack<T, 2>*>(&bits);
+  lo = to_acc(p.v[0]);
+  hi = to_acc(p.v[1]);
+}
+
+__device__ __forceinline__ uint32_t load32(const void* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// d += a * b for one m16n8k16 tile, fp32 accumulation.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#else
+  __trap();  // ffm_supported() keeps the host from launching below sm_80
+#endif
+}
+
+__device__ __forceinline__ float activate(MlpActivation act, float v) {
+  switch (act) {
+    case MlpActivation::kRelu:
+      return v < 0.f ? 0.f : v;  // NaN stays NaN, as in torch.relu
+    case MlpActivation::kGelu:
+      return gelu_erf(v);
+    case MlpActivation::kGeluTanh:
+      return gelu_tanh(v);
+    default:
+      return v;
+  }
+}
+
+// act'(x) from `src`: the pre-activation for the GELUs, the pre-activation or the output for ReLU
+// (same sign); none is 1.
+__device__ __forceinline__ float activate_grad(MlpActivation act, float src) {
+  switch (act) {
+    case MlpActivation::kRelu:
+      return src > 0.f ? 1.f : 0.f;
+    case MlpActivation::kGelu:
+      return gelu_erf_grad(src);
+    case MlpActivation::kGeluTanh:
+      return gelu_tanh_grad(src);
+    default:
+      return 1.f;
+  }
+}
+
+// Matrix w ([n_real, k_real] row-major) into shared memory as [n][k + kSkew], or transposed as
+// [k][n + kSkew]; zero outside the real matrix so that padded features stay exactly 0.
+template <typename T>
+__device__ void load_matrix(T* dst, const T* w, int n_real, int k_real, MatDims d,
+                            bool transposed) {
+  const T zero = from_acc<T>(0.f);
+  for (int i = threadIdx.x; i < d.n * d.k; i += blockDim.x) {
+    const int r = i / d.k, c = i % d.k;
+    const T v = r < n_real && c < k_real ? w[r * k_real + c] : zero;
+    if (transposed) {
+      dst[c * (d.n + kSkew) + r] = v;
+    } else {
+      dst[r * (d.k + kSkew) + c] = v;
+    }
+  }
+}
+
+// Rows [r0, r0 + 16) of src [rows, cols] into the warp's staging tile [16][ld], zero past `rows`
+// and in columns [cols, pad16(cols)). With `deriv`, each element is multiplied by
+// act'(deriv[same place]) (the output layer's gradient). Coalesced: the rows are one span.
+template <typename T>
+__device__ void load_tile(T* stage, int ld, const T* src, int64_t r0, int64_t rows, int cols,
+                          const T* deriv, MlpActivation act, int lane) {
+  const int width = pad16(cols);
+  const int valid = rows - r0 < kTileRows ? int(rows - r0) : kTileRows;
+  src += r0 * cols;
+  if (deriv) deriv += r0 * cols;
+  constexpr int V = 16 / sizeof(T);
+  if (cols % V == 0 && is_aligned16(src) && (!deriv || is_aligned16(deriv))) {
+    const int chunks = width / V;
+    for (int i = lane; i < kTileRows * chunks; i += 32) {
+      const int r = i / chunks, c = i % chunks * V;
+      Pack<T, V> v;
+      if (r < valid && c < cols) {
+        v = load_pack<T, V>(src + r * cols + c);
+        if (deriv) {
+          const Pack<T, V> d = load_pack<T, V>(deriv + r * cols + c);
+#pragma unroll
+          for (int j = 0; j < V; ++j) {
+            v.v[j] = from_acc<T>(to_acc(v.v[j]) * activate_grad(act, to_acc(d.v[j])));
+          }
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) v.v[j] = from_acc<T>(0.f);
+      }
+      store_pack<T, V>(stage + r * ld + c, v);
+    }
+  } else {
+    for (int i = lane; i < kTileRows * width; i += 32) {
+      const int r = i / width, c = i % width;
+      float v = 0.f;
+      if (r < valid && c < cols) {
+        v = to_acc(src[r * cols + c]);
+        if (deriv) v *= activate_grad(act, to_acc(deriv[r * cols + c]));
+      }
+      stage[r * ld + c] = from_acc<T>(v);
+    }
+  }
+}
+
+// The warp's staging tile back to rows [r0, r0 + 16) of dst [rows, cols], stopping at `rows`.
+template <typename T>
+__device__ void store_tile(T* dst, const T* stage, int ld, int64_t r0, int64_t rows, int cols,
+                           int lane) {
+  const int valid = rows - r0 < kTileRows ? int(rows - r0) : kTileRows;
+  dst += r0 * cols;
+  constexpr int V = 16 / sizeof(T);
+  if (cols % V == 0 && is_aligned16(dst)) {
+    const int chunks = cols / V;
+    for (int i = lane; i < valid * chunks; i += 32) {
+      const int r = i / chunks, c = i % chunks * V;
+      store_pack<T, V>(dst + r * cols + c, load_pack<T, V>(stage + r * ld + c));
+    }
+  } else {
+    for (int i = lane; i < valid * cols; i += 32) {
+      const int r = i / cols, c = i % cols;
+      dst[r * cols + c] = stage[r * ld + c];
+    }
+  }
+}
+
+// A fragments of the staging tile's first k (a multiple of 16) columns.
+template <typename T, int W>
+__device__ __forceinline__ void tile_to_frags(uint32_t (&a)[W / 16][4], const T* stage, int ld,
+                                              int k, int lane) {
+  const T* p = stage + (lane >> 2) * ld + 2 * (lane & 3);
+#pragma unroll
+  for (int kt = 0; kt < W / 16; ++kt) {
+    if (kt * 16 < k) {
+      a[kt][0] = load32(p + kt * 16);
+      a[kt][1] = load32(p + 8 * ld + kt * 16);
+      a[kt][2] = load32(p + kt * 16 + 8);
+      a[kt][3] = load32(p + 8 * ld + kt * 16 + 8);
+    }
+  }
+}
+
+// The accumulators of n (a multiple of 16) columns as the next layer's A fragments.
+template <typename T, int W>
+__device__ __forceinline__ void acc_to_frags(uint32_t (&a)[W / 16][4], const float (&c)[W / 8][4],
+                                             int n) {
+#pragma unroll
+  for (int kt = 0; kt < W / 16; ++kt) {
+    if (kt * 16 < n) {
+      a[kt][0] = pack2<T>(c[2 * kt][0], c[2 * kt][1]);
+      a[kt][1] = pack2<T>(c[2 * kt][2], c[2 * kt][3]);
+      a[kt][2] = pack2<T>(c[2 * kt + 1][0], c[2 * kt + 1][1]);
+      a[kt][3] = pack2<T>(c[2 * kt + 1][2], c[2 * kt + 1][3]);
+    }
+  }
+}
+
+// The accumulators of n columns into the staging tile (rounded to T).
+template <typename T, int W>
+__device__ __forceinline__ void acc_to_tile(T* stage, int ld, const float (&c)[W / 8][4], int n,
+                                            int lane) {
+  T* p = stage + (lane >> 2) * ld + 2 * (lane & 3);
+#pragma unroll
+  for (int nt = 0; nt < W / 8; ++nt) {
+    if (nt * 8 < n) {
+      *reinterpret_cast<uint32_t*>(p + nt * 8) = pack2<T>(c[nt][0], c[nt][1]);
+      *reinterpret_cast<uint32_t*>(p + 8 * ld + nt * 8) = pack2<T>(c[nt][2], c[nt][3]);
+    }
+  }
+}
+
+// c[16 x n] += a[16 x k] * B, B[k][n] = ws[n * ldw + k] in shared memory (n, k multiples of 16).
+template <typename T, int W>
+__device__ __forceinline__ void warp_gemm(float (&c)[W / 8][4], const uint32_t (&a)[W / 16][4],
+                                          const T* ws, int ldw, int n, int k, int lane) {
+  const T* p = ws + (lane >> 2) * ldw + 2 * (lane & 3);
+#pragma unroll
+  for (int kt = 0; kt < W / 16; ++kt) {
+    if (kt * 16 < k) {
+#pragma unroll
+      for (int nt = 0; nt < W / 8; ++nt) {
+        if (nt * 8 < n) {
+          const T* q = p + nt * 8 * ldw + kt * 16;
+          mma16816<T>(c[nt], a[kt], load32(q), load32(q + 8));
+        }
+      }
+    }
+  }
+}
+
+template <int W>
+__device__ __forceinline__ void zero_acc(float (&c)[W / 8][4]) {
+#pragma unroll
+  for (int nt = 0; nt < W / 8; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
+}
+
+// Persistent blocks: each loads the weights once, then walks tiles of kWarps x 16 rows.
+template <typename T, int W>
+__global__ void __launch_bounds__(kWarps * 32) ffm_forward_kernel(const FfmForward<T> p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const FfmShape& s = p.s;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane >> 2, t2 = 2 * (lane & 3);
+
+  T* weights = reinterpret_cast<T*>(smem);
+  int halves = 0, nbias = 0;
+  for (int l = 0; l < s.matrices; ++l) {
+    load_matrix(weights + halves, p.w[l], mat_real_n(s, l), mat_real_k(s, l), mat_dims(s, l),
+                false);
+    halves += mat_elems(s, l, false);
+    nbias += mat_dims(s, l).n;
+  }
+  float* biases = reinterpret_cast<float*>(weights + halves);
+  for (int l = 0, off = 0; l < s.matrices; off += mat_dims(s, l).n, ++l) {
+    for (int i = threadIdx.x; i < mat_dims(s, l).n; i += blockDim.x) {
+      biases[off + i] = s.has_bias && i < mat_real_n(s, l) ? to_acc(p.b[l][i]) : 0.f;
+    }
+  }
+  const int ld = stage_ld(s);
+  T* stage = reinterpret_cast<T*>(biases + nbias) + warp * kTileRows * ld;
+  __syncthreads();
+
+  const int64_t tiles = (s.rows + kWarps * kTileRows - 1) / (kWarps * kTileRows);
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t r0 = (tile * kWarps + warp) * kTileRows;
+    if (r0 >= s.rows) break;  // no block-wide barrier below: warps finish independently
+    load_tile(stage, ld, p.x, r0, s.rows, s.in, static_cast<const T*>(nullptr),
+              MlpActivation::kNone, lane);
+    __syncwarp();
+    uint32_t a[W / 16][4];
+    tile_to_frags<T, W>(a, stage, ld, pad16(s.in), lane);
+    __syncwarp();  // the staging tile is written again by the output layer
+
+    float c[W / 8][4];
+    const T* ws = weights;
+    const float* bias = biases;
+    for (int l = 0; l < s.matrices; ++l) {
+      const MatDims d = mat_dims(s, l);
+#pragma unroll
+      for (int nt = 0; nt < W / 8; ++nt) {
+        if (nt * 8 < d.n) {
+          const float b0 = bias[nt * 8 + t2], b1 = bias[nt * 8 + t2 + 1];
+          c[nt][0] = c[nt][2] = b0;
+          c[nt][1] = c[nt][3] = b1;
+        }
+      }
+      warp_gemm<T, W>(c, a, ws, d.k + kSkew, d.n, d.k, lane);
+      ws += mat_elems(s, l, false);
+      bias += d.n;
+
+      if (l + 1 < s.matrices) {  // a hidden layer: activate, save for the backward, feed on
+        const int64_t base = (int64_t(l) * s.rows + r0 + g) * s.hidden + t2;
+        const bool row_ok[2] = {r0 + g < s.rows, r0 + g + 8 < s.rows};
+#pragma unroll
+        for (int nt = 0; nt < W / 8; ++nt) {
+          if (nt * 8 < d.n) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float& v0 = c[nt][2 * h];
+              float& v1 = c[nt][2 * h + 1];
+              const int64_t at = base + int64_t(8 * h) * s.hidden + nt * 8;
+              if (p.hidden_pre && row_ok[h]) {
+                *reinterpret_cast<uint32_t*>(p.hidden_pre + at) = pack2<T>(v0, v1);
+              }
+              v0 = activate(s.act, v0);
+              v1 = activate(s.act, v1);
+              if (p.hidden_act && row_ok[h]) {
+                *reinterpret_cast<uint32_t*>(p.hidden_act + at) = pack2<T>(v0, v1);
+              }
+            }
+          }
+        }
+        acc_to_frags<T, W>(a, c, d.n);
+      } else {  // the output layer, through the staging tile
+        if (p.out_pre) {
+          acc_to_tile<T, W>(stage, ld, c, d.n, lane);
+          __syncwarp();
+          store_tile(p.out_pre, stage, ld, r0, s.rows, s.out, lane);
+          __syncwarp();
+        }
+        if (s.out_act != MlpActivation::kNone) {
+#pragma unroll
+          for (int nt = 0; nt < W / 8; ++nt) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) c[nt][j] = activate(s.out_act, c[nt][j]);
+          }
+        }
+        acc_to_tile<T, W>(stage, ld, c, d.n, lane);
+        __syncwarp();
+        store_tile(p.y, stage, ld, r0, s.rows, s.out, lane);
+        __syncwarp();
+      }
+    }
+  }
+}
+
+// Walks the layers backward: grad of the output's pre-activation -> through W_L^T -> times act'
+// -> grad of hidden layer L-1's pre-activation (stored) -> ... -> through W_0^T -> grad_x.
+template <typename T, int W>
+__global__ void __launch_bounds__(kWarps * 32) ffm_backward_kernel(const FfmBackward<T> p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const FfmShape& s = p.s;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane >> 2, t2 = 2 * (lane & 3);
+
+  T* weights = reinterpret_cast<T*>(smem);
+  int halves = 0;
+  for (int l = 0; l < s.matrices; ++l) {
+    load_matrix(weights + halves, p.w[l], mat_real_n(s, l), mat_real_k(s, l), mat_dims(s, l), true);
+    halves += mat_elems(s, l, true);
+  }
+  const int ld = stage_ld(s);
+  T* stage = weights + halves + warp * kTileRows * ld;
+  __syncthreads();
+
+  // ReLU's derivative reads the saved output; the GELUs' read the saved pre-activation.
+  const T* deriv = s.act == MlpActivation::kNone ? nullptr
+                   : p.hidden_pre                ? p.hidden_pre
+                                                 : p.hidden_act;
+  const int64_t tiles = (s.rows + kWarps * kTileRows - 1) / (kWarps * kTileRows);
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t r0 = (tile * kWarps + warp) * kTileRows;
+    if (r0 >= s.rows) break;
+    load_tile(stage, ld, p.grad_out, r0, s.rows, s.out, p.out_pre, s.out_act, lane);
+    __syncwarp();
+    if (p.grad_out_pre) store_tile(p.grad_out_pre, stage, ld, r0, s.rows, s.out, lane);
+    uint32_t a[W / 16][4];
+    tile_to_frags<T, W>(a, stage, ld, pad16(s.out), lane);
+    __syncwarp();
+
+    float c[W / 8][4];
+    const T* ws = weights + halves;
+    const bool row_ok[2] = {r0 + g < s.rows, r0 + g + 8 < s.rows};
+    for (int l = s.matrices - 1; l >= 1; --l) {  // into hidden layer l - 1
+      const MatDims d = mat_dims(s, l);
+      ws -= mat_elems(s, l, true);
+      zero_acc<W>(c);
+      warp_gemm<T, W>(c, a, ws, d.n + kSkew, d.k, d.n, lane);
+      const int64_t base = (int64_t(l - 1) * s.rows + r0 + g) * s.hidden + t2;
+#pragma unroll
+      for (int nt = 0; nt < W / 8; ++nt) {
+        if (nt * 8 < d.k) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if (!row_ok[h]) continue;  // rows past the end: never stored, never mixed in
+            float& v0 = c[nt][2 * h];
+            float& v1 = c[nt][2 * h + 1];
+            const int64_t at = base + int64_t(8 * h) * s.hidden + nt * 8;
+            if (deriv) {
+              float s0, s1;
+              unpack2<T>(load32(deriv + at), s0, s1);
+              v0 *= activate_grad(s.act, s0);
+              v1 *= activate_grad(s.act, s1);
+            }
+            *reinterpret_cast<uint32_t*>(p.grad_hidden_pre + at) = pack2<T>(v0, v1);
+          }
+        }
+      }
+      acc_to_frags<T, W>(a, c, d.k);
+    }
+    const MatDims d0 = mat_dims(s, 0);
+    zero_acc<W>(c);
+    warp_gemm<T, W>(c, a, weights, d0.n + kSkew, d0.k, d0.n, lane);
+    acc_to_tile<T, W>(stage, ld, c, d0.k, lane);
+    __syncwarp();
+    store_tile(p.grad_x, stage, ld, r0, s.rows, s.in, lane);
+    __syncwarp();
+  }
+}
+
+// Resident blocks per SM for (kernel, dynamic shared memory) on the current device, computed once;
+// also raises the kernel's dynamic shared-memory limit there.
+template <typename Kernel>
+int blocks_per_sm(Kernel kernel, size_t smem) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, size_t>, int> cache;
+  int device = 0;
+  cudaGetDevice(&device);
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find({device, smem});
+  if (it != cache.end()) return it->second;
+  int blocks = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)) !=
+          cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, smem) !=
+          cudaSuccess) {
+    return 0;  // the caller launches anyway and reports the runtime's error
+  }
+  cache[{device, smem}] = blocks;
+  return blocks;
+}
+
+// The register width: the smallest of 16, 32, 64, 128 that holds every layer's features.
+int width_of(const FfmShape& s) {
+  int w = pad16(s.in) > s.hidden ? pad16(s.in) : s.hidden;
+  w = pad16(s.out) > w ? pad16(s.out) : w;
+  return w <= 16 ? 16 : w <= 32 ? 32 : w <= 64 ? 64 : 128;
+}
+
+template <typename T, typename Params, typename Kernel>
+cudaError_t launch(Kernel kernel, const Params& p, bool backward, const DeviceInfo& dev,
+                   cudaStream_t stream) {
+  const size_t smem = smem_bytes<T>(p.s, backward);
+  const int64_t tiles = (p.s.rows + kWarps * kTileRows - 1) / (kWarps * kTileRows);
+  const int per_sm = blocks_per_sm(kernel, smem);
+  const int64_t resident = int64_t(dev.sm_count) * (per_sm > 0 ? per_sm : 1);
+  const int grid = int(tiles < resident ? tiles : resident);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool ffm_supported(const FfmShape& s, const DeviceInfo& dev) {
+  const bool dims = s.matrices >= 2 && s.matrices <= kFfmMaxMatrices && s.in >= 1 &&
+                    s.in <= kFfmMaxFeatures && s.out >= 1 && s.out <= kFfmMaxFeatures &&
+                    s.hidden >= 16 && s.hidden <= kFfmMaxFeatures && s.hidden % 16 == 0;
+  if (!dims || dev.cc_major < 8) return false;
+  // fp16 and bf16 need the same bytes.
+  const size_t limit = size_t(dev.max_smem_optin);
+  return smem_bytes<__half>(s, false) <= limit && smem_bytes<__half>(s, true) <= limit;
+}
+
+template <typename T>
+cudaError_t ffm_forward_cuda(const FfmForward<T>& p, const DeviceInfo& dev, cudaStream_t stream) {
+  switch (width_of(p.s)) {
+    case 16:
+      return launch<T>(ffm_forward_kernel<T, 16>, p, false, dev, stream);
+    case 32:
+      return launch<T>(ffm_forward_kernel<T, 32>, p, false, dev, stream);
+    case 64:
+      return launch<T>(ffm_forward_kernel<T, 64>, p, false, dev, stream);
+    default:
+      return launch<T>(ffm_forward_kernel<T, 128>, p, false, dev, stream);
+  }
+}
+
+template <typename T>
+cudaError_t ffm_backward_cuda(const FfmBackward<T>& p, const DeviceInfo& dev, cudaStream_t stream) {
+  switch (width_of(p.s)) {
+    case 16:
+      return launch<T>(ffm_backward_kernel<T, 16>, p, true, dev, stream);
+    case 32:
+      return launch<T>(ffm_backward_kernel<T, 32>, p, true, dev, stream);
+    case 64:
+      return launch<T>(ffm_backward_kernel<T, 64>, p, true, dev, stream);
+    default:
+      return launch<T>(ffm_backward_kernel<T, 128>, p, true, dev, stream);
+  }
+}
+
+template cudaError_t ffm_forward_cuda<__half>(const FfmForward<__half>&, const DeviceInfo&,
+                                              cudaStream_t);
+template cudaError_t ffm_forward_cuda<__nv_bfloat16>(const FfmForward<__nv_bfloat16>&,
+                                                     const DeviceInfo&, cudaStream_t);
+template cudaError_t ffm_backward_cuda<__half>(const FfmBackward<__half>&, const DeviceInfo&,
+                                               cudaStream_t);
+template cudaError_t ffm_backward_cuda<__nv_bfloat16>(const FfmBackward<__nv_bfloat16>&,
+                                                      const DeviceInfo&, cudaStream_t);
+
+}  // namespace fusedops

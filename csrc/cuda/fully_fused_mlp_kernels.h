@@ -1,0 +1,70 @@
+// Launchers for the fully fused small-width MLP (fully_fused_mlp_kernels.cu): the whole network
+// in one kernel per direction, activations in registers, weights in shared memory, tensor-core
+// MMA (sm_80+). Torch-free: raw device pointers, row-major contiguous matrices, the caller's
+// stream. T is __half or __nv_bfloat16; accumulation is fp32.
+//
+// The network: h_0 = x [rows, in]; h_{l+1} = act(h_l @ W_l^T + b_l) for l < hidden_layers, each
+// [rows, hidden]; y = out_act(h_L @ W_L^T + b_L) [rows, out]. W_l is nn.Linear's [out_l, in_l].
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/device_info.h"
+#include "common/math.h"
+
+namespace fusedops {
+
+constexpr int kFfmMaxMatrices = 17;   // hidden_layers <= 16
+constexpr int kFfmMaxFeatures = 128;  // in, hidden (a multiple of 16) and out
+
+struct FfmShape {
+  int64_t rows;
+  int in, hidden, out;
+  int matrices;  // hidden_layers + 1
+  MlpActivation act, out_act;
+  bool has_bias;
+};
+
+template <typename T>
+struct FfmForward {
+  FfmShape s;
+  const T* x;                   // [rows, in]
+  const T* w[kFfmMaxMatrices];  // [out_l, in_l]
+  const T* b[kFfmMaxMatrices];  // [out_l], when s.has_bias
+  T* y;                         // [rows, out]
+  T* hidden_act;  // [hidden_layers, rows, hidden] for the backward, or null (inference)
+  T* hidden_pre;  // same shape, saved when act is a GELU (its derivative needs the input)
+  T* out_pre;     // [rows, out], saved when out_act is not none
+};
+
+template <typename T>
+struct FfmBackward {
+  FfmShape s;
+  const T* grad_out;  // [rows, out]
+  const T* w[kFfmMaxMatrices];
+  const T* hidden_act;  // as saved by the forward
+  const T* hidden_pre;  // as saved, or null when act is not a GELU
+  const T* out_pre;     // as saved, or null when out_act is none
+  T* grad_out_pre;      // [rows, out] when out_act is not none (else grad_out is it)
+  T* grad_hidden_pre;   // [hidden_layers, rows, hidden]
+  T* grad_x;            // [rows, in]
+};
+
+// Whether the kernels serve this shape on this device: sm_80+, and the weights of every layer fit
+// in one block's shared memory beside its staging tiles. The host runs the composed path if not.
+bool ffm_supported(const FfmShape& s, const DeviceInfo& dev);
+
+// The forward; writes the saves when p.hidden_act is not null.
+template <typename T>
+cudaError_t ffm_forward_cuda(const FfmForward<T>& p, const DeviceInfo& dev, cudaStream_t stream);
+
+// The data half of the backward: the gradient of every layer's pre-activation and of x. The weight
+// and bias gradients are GEMMs and row sums over those (the host runs them).
+template <typename T>
+cudaError_t ffm_backward_cuda(const FfmBackward<T>& p, const DeviceInfo& dev, cudaStream_t stream);
+
+}  // namespace fusedops
