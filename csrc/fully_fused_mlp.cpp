@@ -140,13 +140,17 @@ FfmFwdOutputs ffm_fwd_composed(const FfmProblem& p, const at::Tensor& x, at::Ten
 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> ffm_param_grads(
     const FfmProblem& p, const at::Tensor& x, const at::Tensor& hidden_act,
-    const std::vector<at::Tensor>& grad_pre) {
+    const at::Tensor& grad_hidden_pre, const at::Tensor& grad_out_pre) {
   std::vector<at::Tensor> grad_w, grad_b;
   const at::Tensor x2 = x.reshape({p.rows, p.in});
-  for (size_t l = 0; l < grad_pre.size(); ++l) {
-    const at::Tensor& input = l == 0 ? x2 : hidden_act[l - 1];
-    grad_w.push_back(at::mm(grad_pre[l].t(), input));
-    if (p.has_bias) grad_b.push_back(at::sum(grad_pre[l], 0));
+  for (int64_t l = 0; l < p.hidden_layers; ++l) {
+    grad_w.push_back(at::mm(grad_hidden_pre[l].t(), l == 0 ? x2 : hidden_act[l - 1]));
+  }
+  grad_w.push_back(at::mm(grad_out_pre.t(), hidden_act[p.hidden_layers - 1]));
+  if (p.has_bias) {
+    // One reduction for every hidden layer; outputs of an op must not alias: small copies.
+    for (const at::Tensor& g : at::sum(grad_hidden_pre, 1).unbind(0)) grad_b.push_back(g.clone());
+    grad_b.push_back(at::sum(grad_out_pre, 0));
   }
   return {grad_w, grad_b};
 }
@@ -176,19 +180,21 @@ void check_ffm_saves(const char* op, const FfmProblem& p, const at::Tensor& grad
 FfmBwdOutputs ffm_bwd_composed(const FfmProblem& p, const at::Tensor& grad_out, const at::Tensor& x,
                                at::TensorList weights, const at::Tensor& hidden_act,
                                const at::Tensor& hidden_pre, const at::Tensor& out_pre) {
-  std::vector<at::Tensor> grad_pre(p.hidden_layers + 1);
   const at::Tensor out_act = p.out_act == MlpActivation::kRelu
                                  ? activate(p.out_act, out_pre)  // its sign, for ReLU's derivative
                                  : at::Tensor();
-  grad_pre.back() =
+  const at::Tensor grad_out_pre =
       activate_backward(p.out_act, grad_out.reshape({p.rows, p.out}), out_pre, out_act);
+  at::Tensor grad_hidden_pre = at::empty({p.hidden_layers, p.rows, p.hidden}, x.options());
+  at::Tensor grad = grad_out_pre;  // of the pre-activation above the current layer
   for (int64_t l = p.hidden_layers - 1; l >= 0; --l) {
-    const at::Tensor grad_act = at::mm(grad_pre[l + 1], weights[l + 1]);
-    grad_pre[l] = activate_backward(p.act, grad_act, is_gelu(p.act) ? hidden_pre[l] : at::Tensor(),
-                                    hidden_act[l]);
+    const at::Tensor grad_act = at::mm(grad, weights[l + 1]);
+    grad_hidden_pre[l].copy_(activate_backward(
+        p.act, grad_act, is_gelu(p.act) ? hidden_pre[l] : at::Tensor(), hidden_act[l]));
+    grad = grad_hidden_pre[l];
   }
-  auto [grad_w, grad_b] = ffm_param_grads(p, x, hidden_act, grad_pre);
-  return {at::mm(grad_pre[0], weights[0]).reshape(x.sizes()), grad_w, grad_b};
+  auto [grad_w, grad_b] = ffm_param_grads(p, x, hidden_act, grad_hidden_pre, grad_out_pre);
+  return {at::mm(grad, weights[0]).reshape(x.sizes()), grad_w, grad_b};
 }
 
 namespace {

@@ -44,11 +44,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ffm_empty_saves(const FfmProblem&
 FfmFwdOutputs ffm_fwd_composed(const FfmProblem& p, const at::Tensor& x, at::TensorList weights,
                                at::TensorList biases, bool save_for_backward);
 
-// grad_pre[l] is the gradient of matrix l's pre-activation [rows, out_l]: weight and bias
-// gradients of every matrix (ATen GEMMs and sums: deterministic), as the op returns them.
+// Weight and bias gradients of every matrix (ATen GEMMs and sums: deterministic), as the op
+// returns them, from the pre-activation gradients: grad_hidden_pre [hidden_layers, rows, hidden],
+// grad_out_pre [rows, out].
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> ffm_param_grads(
     const FfmProblem& p, const at::Tensor& x, const at::Tensor& hidden_act,
-    const std::vector<at::Tensor>& grad_pre);
+    const at::Tensor& grad_hidden_pre, const at::Tensor& grad_out_pre);
 
 FfmBwdOutputs ffm_bwd_composed(const FfmProblem& p, const at::Tensor& grad_out, const at::Tensor& x,
                                at::TensorList weights, const at::Tensor& hidden_act,

@@ -119,9 +119,8 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
       C10_CUDA_CHECK(ffm_backward_cuda(b, current_device_info(), at::cuda::getCurrentCUDAStream()));
     });
   }
-  std::vector<at::Tensor> grad_pre(grad_hidden_pre.unbind(0));
-  grad_pre.push_back(grad_out_pre.reshape({p.rows, p.out}));
-  auto [grad_w, grad_b] = ffm_param_grads(p, x, hidden_act, grad_pre);
+  auto [grad_w, grad_b] =
+      ffm_param_grads(p, x, hidden_act, grad_hidden_pre, grad_out_pre.reshape({p.rows, p.out}));
   return {grad_x, grad_w, grad_b};
 }
 

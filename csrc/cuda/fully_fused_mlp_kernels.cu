@@ -182,6 +182,65 @@ __device__ __forceinline__ float activate_grad(MlpActivation act, float src) {
   }
 }
 
+// act over every accumulator: one switch per layer, not one per element.
+template <int W>
+__device__ __forceinline__ void activate_all(float (&c)[W / 8][4], MlpActivation act) {
+  const auto each = [&c](auto f) {
+#pragma unroll
+    for (int nt = 0; nt < W / 8; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[nt][j] = f(c[nt][j]);
+    }
+  };
+  switch (act) {
+    case MlpActivation::kRelu:
+      each([](float v) { return activate(MlpActivation::kRelu, v); });
+      break;
+    case MlpActivation::kGelu:
+      each([](float v) { return activate(MlpActivation::kGelu, v); });
+      break;
+    case MlpActivation::kGeluTanh:
+      each([](float v) { return activate(MlpActivation::kGeluTanh, v); });
+      break;
+    default:
+      break;
+  }
+}
+
+// c[nt][j] *= act'(x) for the n columns, x read at the accumulator's places from the saved tile
+// (q points at row g, column 2t of it); one switch per layer.
+template <typename T, int W>
+__device__ __forceinline__ void mul_activate_grad(float (&c)[W / 8][4], const T* q, int ld, int n,
+                                                  MlpActivation act) {
+  const auto each = [&](auto grad) {
+#pragma unroll
+    for (int nt = 0; nt < W / 8; ++nt) {
+      if (nt * 8 < n) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float x0, x1;
+          unpack2<T>(load32(q + 8 * h * ld + nt * 8), x0, x1);
+          c[nt][2 * h] *= grad(x0);
+          c[nt][2 * h + 1] *= grad(x1);
+        }
+      }
+    }
+  };
+  switch (act) {
+    case MlpActivation::kRelu:
+      each([](float x) { return activate_grad(MlpActivation::kRelu, x); });
+      break;
+    case MlpActivation::kGelu:
+      each([](float x) { return activate_grad(MlpActivation::kGelu, x); });
+      break;
+    case MlpActivation::kGeluTanh:
+      each([](float x) { return activate_grad(MlpActivation::kGeluTanh, x); });
+      break;
+    default:
+      break;
+  }
+}
+
 // Matrix w ([n_real, k_real] row-major) into shared memory as [n][k + kSkew], or transposed as
 // [k][n + kSkew]; zero outside the real matrix so that padded features stay exactly 0.
 template <typename T>
@@ -351,9 +410,17 @@ __device__ __forceinline__ void zero_acc(float (&c)[W / 8][4]) {
   for (int nt = 0; nt < W / 8; ++nt) c[nt][0] = c[nt][1] = c[nt][2] = c[nt][3] = 0.f;
 }
 
+// Blocks per SM the register budget is set for: the narrow widths are latency-bound and want more
+// warps (their shared memory allows it); 128 wide, the weights fill shared memory.
+template <int W>
+constexpr int kMinBlocks = W >= 128  ? 1
+                           : W == 64 ? 3
+                                     : 4;
+
 // Persistent blocks: each loads the weights once, then walks tiles of kWarps x 16 rows.
 template <typename T, int W>
-__global__ void __launch_bounds__(kWarps * 32) ffm_forward_kernel(const FfmForward<T> p) {
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
+    ffm_forward_kernel(const FfmForward<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const FfmShape& s = p.s;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -410,24 +477,14 @@ __global__ void __launch_bounds__(kWarps * 32) ffm_forward_kernel(const FfmForwa
         if (p.hidden_pre) {
           store_acc<T, W>(p.hidden_pre + layer, stage, ld, c, d.n, r0, s.rows, s.hidden, lane);
         }
-#pragma unroll
-        for (int nt = 0; nt < W / 8; ++nt) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) c[nt][j] = activate(s.act, c[nt][j]);
-        }
+        activate_all<W>(c, s.act);
         if (p.hidden_act) {
           store_acc<T, W>(p.hidden_act + layer, stage, ld, c, d.n, r0, s.rows, s.hidden, lane);
         }
         acc_to_frags<T, W>(a, c, d.n);
       } else {  // the output layer
         if (p.out_pre) store_acc<T, W>(p.out_pre, stage, ld, c, d.n, r0, s.rows, s.out, lane);
-        if (s.out_act != MlpActivation::kNone) {
-#pragma unroll
-          for (int nt = 0; nt < W / 8; ++nt) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) c[nt][j] = activate(s.out_act, c[nt][j]);
-          }
-        }
+        activate_all<W>(c, s.out_act);
         store_acc<T, W>(p.y, stage, ld, c, d.n, r0, s.rows, s.out, lane);
       }
     }
@@ -437,7 +494,8 @@ __global__ void __launch_bounds__(kWarps * 32) ffm_forward_kernel(const FfmForwa
 // Walks the layers backward: grad of the output's pre-activation -> through W_L^T -> times act'
 // -> grad of hidden layer L-1's pre-activation (stored) -> ... -> through W_0^T -> grad_x.
 template <typename T, int W>
-__global__ void __launch_bounds__(kWarps * 32) ffm_backward_kernel(const FfmBackward<T> p) {
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
+    ffm_backward_kernel(const FfmBackward<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const FfmShape& s = p.s;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -470,28 +528,18 @@ __global__ void __launch_bounds__(kWarps * 32) ffm_backward_kernel(const FfmBack
 
     float c[W / 8][4];
     const T* ws = weights + halves;
-    const bool row_ok[2] = {r0 + g < s.rows, r0 + g + 8 < s.rows};
     for (int l = s.matrices - 1; l >= 1; --l) {  // into hidden layer l - 1
       const MatDims d = mat_dims(s, l);
       ws -= mat_elems(s, l, true);
       zero_acc<W>(c);
       warp_gemm<T, W>(c, a, ws, d.n + kSkew, d.k, d.n, lane);
       const int64_t layer = int64_t(l - 1) * s.rows * s.hidden;
-      if (deriv) {
-        const int64_t base = layer + (r0 + g) * s.hidden + t2;
-#pragma unroll
-        for (int nt = 0; nt < W / 8; ++nt) {
-          if (nt * 8 < d.k) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              if (!row_ok[h]) continue;  // rows past the end: never stored, never mixed in
-              float s0, s1;
-              unpack2<T>(load32(deriv + base + int64_t(8 * h) * s.hidden + nt * 8), s0, s1);
-              c[nt][2 * h] *= activate_grad(s.act, s0);
-              c[nt][2 * h + 1] *= activate_grad(s.act, s1);
-            }
-          }
-        }
+      if (deriv) {  // act' of this layer, from its saved tile (coalesced through the staging tile)
+        load_tile(stage, ld, deriv + layer, r0, s.rows, s.hidden, static_cast<const T*>(nullptr),
+                  MlpActivation::kNone, lane);
+        __syncwarp();
+        mul_activate_grad<T, W>(c, stage + g * ld + t2, ld, d.k, s.act);
+        __syncwarp();
       }
       store_acc<T, W>(p.grad_hidden_pre + layer, stage, ld, c, d.k, r0, s.rows, s.hidden, lane);
       acc_to_frags<T, W>(a, c, d.k);
