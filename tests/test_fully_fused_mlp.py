@@ -172,9 +172,10 @@ def test_bad_inputs():
         f(x, w[0])
 
 
-def test_empty_batch(device):
-    mlp = FullyFusedMLP(8, 4, 16, 2).to(device)
-    x = torch.randn(0, 8, device=device, requires_grad=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])  # bf16: the CUDA kernels
+def test_empty_batch(dtype, device):
+    mlp = FullyFusedMLP(8, 4, 16, 2).to(device, dtype)
+    x = torch.randn(0, 8, device=device, dtype=dtype, requires_grad=True)
     y = mlp(x)
     assert y.shape == (0, 4)
     y.sum().backward()

@@ -6,6 +6,7 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -92,6 +93,7 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
   at::Tensor grad_out_pre = out_grad_differs ? at::empty({p.rows, p.out}, x.options()) : go;
   at::Tensor grad_hidden_pre = at::empty({p.hidden_layers, p.rows, p.hidden}, x.options());
   at::Tensor grad_x = at::empty(x.sizes(), x.options());
+  at::Tensor bias_partial;  // fp32 [warps, matrices, width]: the bias gradients, summed below
   if (p.rows > 0) {
     std::vector<at::Tensor> keep;
     AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "fully_fused_mlp_bwd", [&] {
@@ -116,11 +118,30 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
       }
       b.grad_hidden_pre = cuda_mut_ptr<scalar_t>(grad_hidden_pre);
       b.grad_x = cuda_mut_ptr<scalar_t>(grad_x);
+      if (has_bias) {
+        const DeviceInfo dev = current_device_info();
+        bias_partial =
+            at::empty({ffm_backward_bias_partials<T>(b.s, dev)}, x.options().dtype(at::kFloat));
+        b.bias_partial = bias_partial.mutable_data_ptr<float>();
+      }
       C10_CUDA_CHECK(ffm_backward_cuda(b, current_device_info(), at::cuda::getCurrentCUDAStream()));
     });
   }
-  auto [grad_w, grad_b] =
-      ffm_param_grads(p, x, hidden_act, grad_hidden_pre, grad_out_pre.reshape({p.rows, p.out}));
+  FfmProblem weights_only = p;
+  weights_only.has_bias = false;
+  auto [grad_w, grad_b] = ffm_param_grads(weights_only, x, hidden_act, grad_hidden_pre,
+                                          grad_out_pre.reshape({p.rows, p.out}));
+  if (has_bias) {
+    // The warps' column sums, summed in a fixed order: deterministic.
+    const int64_t width = ffm_width(shape_of(p));
+    const at::Tensor sums =
+        p.rows > 0 ? bias_partial.view({-1, p.hidden_layers + 1, width}).sum(0)
+                   : at::zeros({p.hidden_layers + 1, width}, x.options().dtype(at::kFloat));
+    for (int64_t l = 0; l <= p.hidden_layers; ++l) {
+      const int64_t n = l == p.hidden_layers ? p.out : p.hidden;
+      grad_b.push_back(sums[l].narrow(0, 0, n).to(x.scalar_type()));
+    }
+  }
   return {grad_x, grad_w, grad_b};
 }
 

@@ -379,6 +379,38 @@ __device__ __forceinline__ void store_acc(T* dst, T* stage, int ld, const float 
   __syncwarp();
 }
 
+// A warp's bias-gradient partials, one float per column in global memory, each column owned by
+// lane c % 32: the tile's column sums are added in a fixed order (deterministic). The old values
+// are read before the layer's work (prefetch) so that the add doesn't wait on L2.
+template <int W>
+struct ColumnSums {
+  static constexpr int kPerLane = (W + 31) / 32;
+  float prev[kPerLane];
+
+  __device__ __forceinline__ void prefetch(const float* partial, int cols, int lane) {
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int c = lane + 32 * j;
+      prev[j] = c < cols ? partial[c] : 0.f;
+    }
+  }
+
+  // partial[c] = prev + the sum of column c over the staging tile's first `valid` rows.
+  template <typename T>
+  __device__ __forceinline__ void add(float* partial, const T* stage, int ld, int valid, int cols,
+                                      int lane) const {
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int c = lane + 32 * j;
+      if (c < cols) {
+        float sum = prev[j];
+        for (int r = 0; r < valid; ++r) sum += to_acc(stage[r * ld + c]);
+        partial[c] = sum;
+      }
+    }
+  }
+};
+
 // c[16 x n] += a[16 x k] * B, B[k][n] = ws[n * ldw + k] in shared memory (n, k multiples of 16).
 // One ldmatrix.x4 brings the B fragments of two n8 tiles for one k16 step: matrices (n 0-7 | 8-15)
 // x (k 0-7 | 8-15), lane i addressing row i % 8 of matrix i / 8.
@@ -509,6 +541,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
   }
   const int ld = stage_ld(s);
   T* stage = weights + halves + warp * kTileRows * ld;
+  float* partial = p.bias_partial
+                       ? p.bias_partial + (int64_t(blockIdx.x) * kWarps + warp) * s.matrices * W
+                       : nullptr;
+  if (partial) {
+    for (int i = lane; i < s.matrices * W; i += 32) partial[i] = 0.f;
+  }
   __syncthreads();
 
   // ReLU's derivative reads the saved output; the GELUs' read the saved pre-activation.
@@ -519,9 +557,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t r0 = (tile * kWarps + warp) * kTileRows;
     if (r0 >= s.rows) break;
+    const int valid = s.rows - r0 < kTileRows ? int(s.rows - r0) : kTileRows;
+    ColumnSums<W> sums;
+    float* out_partial = partial ? partial + (s.matrices - 1) * W : nullptr;
+    if (partial) sums.prefetch(out_partial, s.out, lane);
     load_tile(stage, ld, p.grad_out, r0, s.rows, s.out, p.out_pre, s.out_act, lane);
     __syncwarp();
     if (p.grad_out_pre) store_tile(p.grad_out_pre, stage, ld, r0, s.rows, s.out, lane);
+    if (partial) sums.add(out_partial, stage, ld, valid, s.out, lane);
     uint32_t a[W / 16][4];
     tile_to_frags<T, W>(a, stage, ld, pad16(s.out), lane);
     __syncwarp();
@@ -531,6 +574,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
     for (int l = s.matrices - 1; l >= 1; --l) {  // into hidden layer l - 1
       const MatDims d = mat_dims(s, l);
       ws -= mat_elems(s, l, true);
+      float* layer_partial = partial ? partial + (l - 1) * W : nullptr;
+      if (partial) sums.prefetch(layer_partial, s.hidden, lane);
       zero_acc<W>(c);
       warp_gemm<T, W>(c, a, ws, d.n + kSkew, d.k, d.n, lane);
       const int64_t layer = int64_t(l - 1) * s.rows * s.hidden;
@@ -542,6 +587,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
         __syncwarp();
       }
       store_acc<T, W>(p.grad_hidden_pre + layer, stage, ld, c, d.k, r0, s.rows, s.hidden, lane);
+      if (partial) sums.add(layer_partial, stage, ld, valid, s.hidden, lane);
       acc_to_frags<T, W>(a, c, d.k);
     }
     const MatDims d0 = mat_dims(s, 0);
@@ -582,16 +628,35 @@ int width_of(const FfmShape& s) {
   return w <= 16 ? 16 : w <= 32 ? 32 : w <= 64 ? 64 : 128;
 }
 
+template <typename Kernel>
+int grid_size(Kernel kernel, const FfmShape& s, size_t smem, const DeviceInfo& dev) {
+  const int64_t tiles = (s.rows + kWarps * kTileRows - 1) / (kWarps * kTileRows);
+  const int per_sm = blocks_per_sm(kernel, smem, dev);
+  const int64_t resident = int64_t(dev.sm_count) * (per_sm > 0 ? per_sm : 1);
+  return int(tiles < resident ? tiles : resident);
+}
+
 template <typename T, typename Params, typename Kernel>
 cudaError_t launch(Kernel kernel, const Params& p, bool backward, const DeviceInfo& dev,
                    cudaStream_t stream) {
   const size_t smem = smem_bytes<T>(p.s, backward);
-  const int64_t tiles = (p.s.rows + kWarps * kTileRows - 1) / (kWarps * kTileRows);
-  const int per_sm = blocks_per_sm(kernel, smem, dev);
-  const int64_t resident = int64_t(dev.sm_count) * (per_sm > 0 ? per_sm : 1);
-  const int grid = int(tiles < resident ? tiles : resident);
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p);
+  kernel<<<grid_size(kernel, p.s, smem, dev), kWarps * 32, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// f(the backward kernel for s's width, that width).
+template <typename T, typename F>
+auto with_backward_kernel(const FfmShape& s, F&& f) {
+  switch (width_of(s)) {
+    case 16:
+      return f(ffm_backward_kernel<T, 16>, 16);
+    case 32:
+      return f(ffm_backward_kernel<T, 32>, 32);
+    case 64:
+      return f(ffm_backward_kernel<T, 64>, 64);
+    default:
+      return f(ffm_backward_kernel<T, 128>, 128);
+  }
 }
 
 }  // namespace
@@ -620,24 +685,28 @@ cudaError_t ffm_forward_cuda(const FfmForward<T>& p, const DeviceInfo& dev, cuda
   }
 }
 
+int ffm_width(const FfmShape& s) { return width_of(s); }
+
+template <typename T>
+int64_t ffm_backward_bias_partials(const FfmShape& s, const DeviceInfo& dev) {
+  return with_backward_kernel<T>(s, [&](auto kernel, int width) {
+    const int grid = grid_size(kernel, s, smem_bytes<T>(s, true), dev);
+    return int64_t(grid) * kWarps * s.matrices * width;
+  });
+}
+
 template <typename T>
 cudaError_t ffm_backward_cuda(const FfmBackward<T>& p, const DeviceInfo& dev, cudaStream_t stream) {
-  switch (width_of(p.s)) {
-    case 16:
-      return launch<T>(ffm_backward_kernel<T, 16>, p, true, dev, stream);
-    case 32:
-      return launch<T>(ffm_backward_kernel<T, 32>, p, true, dev, stream);
-    case 64:
-      return launch<T>(ffm_backward_kernel<T, 64>, p, true, dev, stream);
-    default:
-      return launch<T>(ffm_backward_kernel<T, 128>, p, true, dev, stream);
-  }
+  return with_backward_kernel<T>(
+      p.s, [&](auto kernel, int) { return launch<T>(kernel, p, true, dev, stream); });
 }
 
 template cudaError_t ffm_forward_cuda<__half>(const FfmForward<__half>&, const DeviceInfo&,
                                               cudaStream_t);
 template cudaError_t ffm_forward_cuda<__nv_bfloat16>(const FfmForward<__nv_bfloat16>&,
                                                      const DeviceInfo&, cudaStream_t);
+template int64_t ffm_backward_bias_partials<__half>(const FfmShape&, const DeviceInfo&);
+template int64_t ffm_backward_bias_partials<__nv_bfloat16>(const FfmShape&, const DeviceInfo&);
 template cudaError_t ffm_backward_cuda<__half>(const FfmBackward<__half>&, const DeviceInfo&,
                                                cudaStream_t);
 template cudaError_t ffm_backward_cuda<__nv_bfloat16>(const FfmBackward<__nv_bfloat16>&,

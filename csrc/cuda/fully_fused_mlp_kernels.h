@@ -52,11 +52,21 @@ struct FfmBackward {
   T* grad_out_pre;      // [rows, out] when out_act is not none (else grad_out is it)
   T* grad_hidden_pre;   // [hidden_layers, rows, hidden]
   T* grad_x;            // [rows, in]
+  // Per-warp column sums of every layer's pre-activation gradient (the bias gradients), fp32
+  // [warps, matrices, ffm_width(s)] (ffm_backward_bias_partials floats), or null: sum over warps.
+  float* bias_partial;
 };
 
 // Whether the kernels serve this shape on this device: sm_80+, and the weights of every layer fit
 // in one block's shared memory beside its staging tiles. The host runs the composed path if not.
 bool ffm_supported(const FfmShape& s, const DeviceInfo& dev);
+
+// The kernels' padded width: 16, 32, 64 or 128, whichever first holds every layer's features.
+int ffm_width(const FfmShape& s);
+
+// Floats of FfmBackward::bias_partial for this shape on this device.
+template <typename T>
+int64_t ffm_backward_bias_partials(const FfmShape& s, const DeviceInfo& dev);
 
 // The forward; writes the saves when p.hidden_act is not null.
 template <typename T>
