@@ -62,7 +62,8 @@ sanitizer() {
   local softmax=(tests/test_softmax.py -k "every_kernel_path or raises or range")
   local norms=(tests/test_norms.py -k "cuda_kernel_tiers and bfloat16 or misaligned_pointer or deterministic")
   local mlp=(tests/test_mlp.py tests/test_bias_gelu.py -m cuda -k "not compile and not epilogues_used")
-  local ffm=(tests/test_fully_fused_mlp.py -m cuda -k "not fused_kernels_run")
+  # (Under memcheck, the CUDA-graph test's capture fails in autograd's stream sync: left out.)
+  local ffm=(tests/test_fully_fused_mlp.py -m cuda -k "not fused_kernels_run and not graph")
   rm -f "$RESULTS/sanitizer.rc"
   run_tool memcheck softmax "${softmax[@]}" &
   run_tool memcheck norms "${norms[@]}" &

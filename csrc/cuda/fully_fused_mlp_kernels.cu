@@ -395,7 +395,8 @@ struct ColumnSums {
     }
   }
 
-  // partial[c] = prev + the sum of column c over the staging tile's first `valid` rows.
+  // partial[c] = prev + the sum of column c over the staging tile's first `valid` rows. Ends with
+  // __syncwarp: the staging tile is free for the next write.
   template <typename T>
   __device__ __forceinline__ void add(float* partial, const T* stage, int ld, int valid, int cols,
                                       int lane) const {
@@ -408,6 +409,7 @@ struct ColumnSums {
         partial[c] = sum;
       }
     }
+    __syncwarp();
   }
 };
 
