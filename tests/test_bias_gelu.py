@@ -181,6 +181,66 @@ def test_gpu_dbias_deterministic(dtype, device):
         assert torch.equal(dx, runs[0][0]) and torch.equal(db, runs[0][1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(4096, 1024), (40, 9000), (3, 70000)])
+def test_cpu_dbias_same_bits_for_any_thread_count(shape, dtype):
+    # The CPU kernel's row blocks and column tiles depend on the shape only; these shapes take
+    # many blocks, ragged tiles, and more tiles than rows.
+    x, b = inputs(shape, dtype, "cpu", requires_grad=True)
+    dy = torch.randn(shape, dtype=dtype)
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 2, 3, 1):
+            torch.set_num_threads(n)
+            runs.append(torch.autograd.grad(fusedops.bias_gelu(x, b), (x, b), dy))
+    finally:
+        torch.set_num_threads(threads)
+    for dx, db in runs[1:]:
+        assert torch.equal(dx, runs[0][0]) and torch.equal(db, runs[0][1])
+
+
+def _flushes_denormals():
+    """Whether this thread flushes fp32 subnormal results to zero (MXCSR's FTZ on x86)."""
+    return (torch.full((1,), torch.finfo(torch.float32).tiny) * 0.5).item() == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("approximate", APPROX)
+def test_cpu_same_bits_with_denormals_flushed(approximate, dtype):
+    # A thread's FTZ/DAZ state must change no bit: it differs between the threads of one process
+    # (torch.set_flush_denormal sets the calling thread's; a library linked with -ffast-math, like
+    # the code torch.compile built under torch 2.4, sets the loading thread's, and only threads
+    # started later inherit it), so a subnormal that mattered would make the result depend on
+    # which thread computed an element. Where they would appear: the far tail of gelu'
+    # (x + bias < -13, phi's exp near fp32's smallest normal number) and dy * gelu' below it.
+    # One thread, so that everything runs on this one.
+    z = torch.cat([torch.linspace(-20, 20, 8001), torch.linspace(-15, -12.5, 5001)])
+    x = z.to(dtype).expand(7, -1).contiguous()
+    b = torch.zeros(z.numel(), dtype=dtype)
+    dy = torch.tensor([1.0, -2.5, 0.3, 1e-3, -1e-6, 1e-30, 1e-36]).to(dtype)[:, None].expand_as(x)
+    dy = dy.contiguous()
+    flushing, threads = _flushes_denormals(), torch.get_num_threads()
+    runs = []
+    try:
+        torch.set_num_threads(1)
+        for flush in (False, True):
+            if not torch.set_flush_denormal(flush):
+                pytest.skip("no FTZ/DAZ control on this CPU")
+            y = torch.ops.fusedops.bias_gelu_fwd(x, b, approximate)
+            runs.append((y, *torch.ops.fusedops.bias_gelu_bwd(dy, x, b, approximate)))
+    finally:
+        torch.set_flush_denormal(flushing)
+        torch.set_num_threads(threads)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    for what, a, f in zip(("y", "dx", "dbias"), *runs, strict=True):
+        diff = (a.view(bits) != f.view(bits)).nonzero()
+        assert diff.numel() == 0, (
+            f"{what} differs with FTZ/DAZ at {diff.shape[0]} element(s), first {diff[0].tolist()}:"
+            f" {a[tuple(diff[0])].item()} against {f[tuple(diff[0])].item()}"
+        )
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", APPROX)
