@@ -291,6 +291,20 @@ def test_cuda_fused_kernels_run(dtype, cuda_device):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize(
+    "n_in, hidden, layers",
+    [(128, 128, 12), (16, 16, 20)],  # weights past a block's shared memory; past 17 matrices
+)
+def test_cuda_unserved_networks_run_composed(n_in, hidden, layers, cuda_device):
+    torch.manual_seed(0)
+    mlp = FullyFusedMLP(n_in, 8, hidden, layers).to(cuda_device, torch.bfloat16)
+    x = torch.randn(50, n_in, device=cuda_device, dtype=torch.bfloat16, requires_grad=True)
+    names = _kernel_names(lambda: mlp(x).sum().backward())
+    assert not any("ffm_" in n for n in names), names
+    check(mlp, x)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("width", [16, 32, 64, 128])
 def test_cuda_many_rows(width, cuda_device):
     # Several tiles per persistent block, a ragged last tile, 16-byte and scalar row loads.
