@@ -1,5 +1,7 @@
 """Loads the compiled operators and registers a fake (meta) kernel for each one."""
 
+import math
+
 import torch
 
 from fusedops import _C  # noqa: F401  (registers torch.ops.fusedops.*)
@@ -153,7 +155,7 @@ def _fully_fused_mlp_fwd_fake(x, weights, biases, activation, output_activation,
     _check_activation("fully_fused_mlp", "output_activation", output_activation)
     torch._check(len(weights) >= 2, lambda: "fully_fused_mlp needs at least 2 weights")
     torch._check(x.shape[-1] == weights[0].shape[1], lambda: "x and weights[0] sizes differ")
-    rows = x.numel() // x.shape[-1] if x.shape[-1] != 0 else 0
+    rows = math.prod(x.shape[:-1])
     layers, hidden, out = len(weights) - 1, weights[0].shape[0], weights[-1].shape[0]
 
     def save_if(keep, shape):  # absent saves are [0], each its own tensor

@@ -192,16 +192,14 @@ def fully_fused_mlp(
     """
     op = "fully_fused_mlp"
     _tensor(op, "x", x)
+    biases = [] if biases is None else biases
     for arg, seq in (("weights", weights), ("biases", biases)):
-        if seq is None and arg == "biases":
-            continue
         if not isinstance(seq, Sequence) or not all(isinstance(t, torch.Tensor) for t in seq):
             raise TypeError(f"fusedops.{op}: {arg} must be a sequence of Tensors, got {seq!r}")
     for arg, value in (("activation", activation), ("output_activation", output_activation)):
         if not isinstance(value, str):
             raise TypeError(f"fusedops.{op}: {arg} must be a str, got {value!r}")
-    biases = [] if biases is None else list(biases)
-    weights = list(weights)
+    weights, biases = list(weights), list(biases)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *weights, *biases))
     return ops.fully_fused_mlp_fwd.default(
         x, weights, biases, activation, output_activation, needs_grad
