@@ -2,7 +2,7 @@
 # Proves the oldest torch the README claims (pyproject's torch>=2.4): a venv with that torch in
 # build/torch-floor, a copy of the checkout's tracked files built there CPU-only (the main
 # build in fusedops/ stays as it is), and the CPU suite run against it. About 7 min on 2 cores.
-#   scripts/torch_floor.sh [pytest args...]
+#   scripts/torch_floor.sh [pytest args...]   (e.g. tests/test_bias_gelu.py -k same_bits)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_FLOOR=2.4.1
@@ -23,5 +23,10 @@ cd "$DIR/src"
 echo "torch_floor: building against torch $("$PY" -c 'import torch; print(torch.__version__)')"
 FUSEDOPS_CUDA=0 FUSEDOPS_METAL=0 "$PY" setup.py -q build_ext --inplace >build.log 2>&1 ||
   { tail -n 40 build.log; exit 1; }
-# The demo's optional packages are left out: its tests skip without them.
-"$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/metal "$@" | tail -n 3
+# The demo's optional packages are left out: its tests skip without them. Test paths given
+# (tests/...) replace the whole suite.
+targets=(tests)
+for arg in "$@"; do
+  case $arg in tests/*) targets=() ;; esac
+done
+"$PY" -m pytest "${targets[@]}" -q -p no:cacheprovider --ignore=tests/metal "$@" | tail -n 3
