@@ -253,6 +253,7 @@ class FullyFusedMLP(torch.nn.Sequential):
         self.output_activation = output_activation
 
     def linears(self) -> list[torch.nn.Linear]:
+        """The Linear layers, input to output (the activations sit between them)."""
         return [m for m in self if isinstance(m, torch.nn.Linear)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
