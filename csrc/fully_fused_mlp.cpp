@@ -155,9 +155,13 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> ffm_param_grads(
   return {grad_w, grad_b};
 }
 
-void check_ffm_saves(const char* op, const FfmProblem& p, const at::Tensor& grad_out,
-                     const at::Tensor& hidden_act, const at::Tensor& hidden_pre,
-                     const at::Tensor& out_pre) {
+FfmProblem check_ffm_bwd(const at::Tensor& grad_out, const at::Tensor& x, at::TensorList weights,
+                         const at::Tensor& hidden_act, const at::Tensor& hidden_pre,
+                         const at::Tensor& out_pre, c10::string_view activation,
+                         c10::string_view output_activation, bool has_bias) {
+  const char* op = "fully_fused_mlp_backward";
+  FfmProblem p = check_ffm(op, x, weights, {}, activation, output_activation);
+  p.has_bias = has_bias;
   const auto check = [&](const char* arg, const at::Tensor& t, at::IntArrayRef shape) {
     TORCH_CHECK_VALUE(
         t.sizes() == shape, "fusedops.", op, ": ", arg, " must have shape ", to_text(shape),
@@ -175,6 +179,7 @@ void check_ffm_saves(const char* op, const FfmProblem& p, const at::Tensor& grad
   check("hidden_act", hidden_act, hidden);
   if (is_gelu(p.act)) check("hidden_pre", hidden_pre, hidden);
   if (p.out_act != MlpActivation::kNone) check("out_pre", out_pre, {p.rows, p.out});
+  return p;
 }
 
 FfmBwdOutputs ffm_bwd_composed(const FfmProblem& p, const at::Tensor& grad_out, const at::Tensor& x,
@@ -212,10 +217,8 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
                                   const at::Tensor& hidden_pre, const at::Tensor& out_pre,
                                   c10::string_view activation, c10::string_view output_activation,
                                   bool has_bias) {
-  const char* op = "fully_fused_mlp_backward";
-  FfmProblem p = check_ffm(op, x, weights, {}, activation, output_activation);
-  p.has_bias = has_bias;
-  check_ffm_saves(op, p, grad_out, hidden_act, hidden_pre, out_pre);
+  const FfmProblem p = check_ffm_bwd(grad_out, x, weights, hidden_act, hidden_pre, out_pre,
+                                     activation, output_activation, has_bias);
   return ffm_bwd_composed(p, grad_out, x, weights, hidden_act, hidden_pre, out_pre);
 }
 

@@ -55,9 +55,11 @@ FfmBwdOutputs ffm_bwd_composed(const FfmProblem& p, const at::Tensor& grad_out, 
                                at::TensorList weights, const at::Tensor& hidden_act,
                                const at::Tensor& hidden_pre, const at::Tensor& out_pre);
 
-// The saved tensors the backward was given, checked against the problem.
-void check_ffm_saves(const char* op, const FfmProblem& p, const at::Tensor& grad_out,
-                     const at::Tensor& hidden_act, const at::Tensor& hidden_pre,
-                     const at::Tensor& out_pre);
+// The backward op's arguments checked (x, the weights, grad_out and the saves against one
+// another); has_bias: whether the forward had biases (their gradients are wanted).
+FfmProblem check_ffm_bwd(const at::Tensor& grad_out, const at::Tensor& x, at::TensorList weights,
+                         const at::Tensor& hidden_act, const at::Tensor& hidden_pre,
+                         const at::Tensor& out_pre, c10::string_view activation,
+                         c10::string_view output_activation, bool has_bias);
 
 }  // namespace fusedops

@@ -436,6 +436,19 @@ def capture_cuda_graph(step):
     return graph, static
 
 
+def assert_compiles_like_eager(module: torch.nn.Module, x: torch.Tensor) -> None:
+    """torch.compile(module, fullgraph=True) gives eager's output and gradients (x and every
+    parameter) for x."""
+    compiled = torch.compile(module, fullgraph=True)
+    y, y_eager = compiled(x), module(x)
+    torch.testing.assert_close(y, y_eager)
+    dy = torch.randn_like(y)
+    inputs = (x, *module.parameters())
+    grads = torch.autograd.grad(y, inputs, dy)
+    for g, g_eager in zip(grads, torch.autograd.grad(y_eager, inputs, dy), strict=True):
+        torch.testing.assert_close(g, g_eager)
+
+
 def zero_fills_in_backward(loss: torch.Tensor) -> list[tuple[str, tuple[int, ...]]]:
     """(op, shape) of every zero-filled tensor made while loss.backward() runs: an autograd node
     that materializes zero gradients for outputs nothing used (torch's default for C++ functions)

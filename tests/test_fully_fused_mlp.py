@@ -5,7 +5,12 @@ import copy
 
 import pytest
 import torch
-from reference import ATOL_GEMM, assert_close_to_reference, capture_cuda_graph
+from reference import (
+    ATOL_GEMM,
+    assert_close_to_reference,
+    assert_compiles_like_eager,
+    capture_cuda_graph,
+)
 from torch import nn
 
 import fusedops
@@ -242,16 +247,8 @@ def test_gradcheck(activation):
 def test_compile_fullgraph(device):
     torch.manual_seed(0)
     mlp = FullyFusedMLP(16, 8, 32, 3, activation="gelu_tanh").to(device)
-    compiled = torch.compile(mlp, fullgraph=True)
     x = torch.randn(3, 7, 16, device=device, requires_grad=True)
-    y, y_eager = compiled(x), mlp(x)
-    torch.testing.assert_close(y, y_eager)
-    dy = torch.randn_like(y)
-    inputs = (x, *mlp.parameters())
-    for g, g_eager in zip(
-        torch.autograd.grad(y, inputs, dy), torch.autograd.grad(y_eager, inputs, dy), strict=True
-    ):
-        torch.testing.assert_close(g, g_eager)
+    assert_compiles_like_eager(mlp, x)
 
 
 def test_autocast_dtype(device):

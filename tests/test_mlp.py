@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from reference import (
     ATOL_GEMM,
     assert_close_to_reference,
+    assert_compiles_like_eager,
     capture_cuda_graph,
     zero_fills_in_backward,
 )
@@ -216,16 +217,8 @@ def test_gradcheck(recompute, approximate):
 def test_compile_fullgraph(device):
     torch.manual_seed(0)
     model = FusedMLP(32, 64, approximate="tanh", device=device)
-    compiled = torch.compile(model, fullgraph=True)
     x = torch.randn(3, 7, 32, device=device, requires_grad=True)
-    y, y_eager = compiled(x), model(x)
-    torch.testing.assert_close(y, y_eager)
-    dy = torch.randn_like(y)
-    inputs = (x, *model.parameters())
-    for g, g_eager in zip(
-        torch.autograd.grad(y, inputs, dy), torch.autograd.grad(y_eager, inputs, dy), strict=True
-    ):
-        torch.testing.assert_close(g, g_eager)
+    assert_compiles_like_eager(model, x)
 
 
 @pytest.mark.parametrize("approximate", APPROX)

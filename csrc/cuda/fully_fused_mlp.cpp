@@ -24,6 +24,14 @@ FfmShape shape_of(const FfmProblem& p) {
           p.act,  p.out_act, p.has_bias};
 }
 
+// t's data for a kernel: t itself when contiguous, else a contiguous copy that `keep` holds until
+// the launch is queued.
+template <typename S>
+const cuda_t<S>* contiguous_ptr(const at::Tensor& t, std::vector<at::Tensor>& keep) {
+  keep.push_back(t.contiguous());
+  return cuda_ptr<S>(keep.back());
+}
+
 // Whether the fused kernels take this problem (the composed path does otherwise).
 bool fused_ok(const FfmProblem& p, const at::Tensor& x) {
   const auto dtype = x.scalar_type();
@@ -48,18 +56,16 @@ FfmFwdOutputs fully_fused_mlp_fwd(const at::Tensor& x, at::TensorList weights,
   at::Tensor y = at::empty(shape, x.options());
   if (p.rows == 0) return {y, hidden_act, hidden_pre, out_pre};
   const at::Tensor xc = x.contiguous();
-  std::vector<at::Tensor> keep;  // contiguous copies live until the launch is queued
+  std::vector<at::Tensor> keep;
   AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "fully_fused_mlp_fwd", [&] {
     using T = cuda_t<scalar_t>;
     FfmForward<T> f{};
     f.s = shape_of(p);
     f.x = cuda_ptr<scalar_t>(xc);
     for (size_t l = 0; l < weights.size(); ++l) {
-      keep.push_back(weights[l].contiguous());
-      f.w[l] = cuda_ptr<scalar_t>(keep.back());
+      f.w[l] = contiguous_ptr<scalar_t>(weights[l], keep);
       if (p.has_bias) {
-        keep.push_back(biases[l].contiguous());
-        f.b[l] = cuda_ptr<scalar_t>(keep.back());
+        f.b[l] = contiguous_ptr<scalar_t>(biases[l], keep);
       }
     }
     f.y = cuda_mut_ptr<scalar_t>(y);
@@ -80,10 +86,8 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
                                   const at::Tensor& hidden_pre, const at::Tensor& out_pre,
                                   c10::string_view activation, c10::string_view output_activation,
                                   bool has_bias) {
-  const char* op = "fully_fused_mlp_backward";
-  FfmProblem p = check_ffm(op, x, weights, {}, activation, output_activation);
-  p.has_bias = has_bias;
-  check_ffm_saves(op, p, grad_out, hidden_act, hidden_pre, out_pre);
+  const FfmProblem p = check_ffm_bwd(grad_out, x, weights, hidden_act, hidden_pre, out_pre,
+                                     activation, output_activation, has_bias);
   const c10::cuda::CUDAGuard guard(x.device());
   if (!fused_ok(p, x)) {
     return ffm_bwd_composed(p, grad_out, x, weights, hidden_act, hidden_pre, out_pre);
@@ -102,18 +106,14 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
       b.s = shape_of(p);
       b.grad_out = cuda_ptr<scalar_t>(go);
       for (size_t l = 0; l < weights.size(); ++l) {
-        keep.push_back(weights[l].contiguous());
-        b.w[l] = cuda_ptr<scalar_t>(keep.back());
+        b.w[l] = contiguous_ptr<scalar_t>(weights[l], keep);
       }
-      keep.push_back(hidden_act.contiguous());
-      b.hidden_act = cuda_ptr<scalar_t>(keep.back());
+      b.hidden_act = contiguous_ptr<scalar_t>(hidden_act, keep);
       if (is_gelu(p.act)) {
-        keep.push_back(hidden_pre.contiguous());
-        b.hidden_pre = cuda_ptr<scalar_t>(keep.back());
+        b.hidden_pre = contiguous_ptr<scalar_t>(hidden_pre, keep);
       }
       if (out_grad_differs) {
-        keep.push_back(out_pre.contiguous());
-        b.out_pre = cuda_ptr<scalar_t>(keep.back());
+        b.out_pre = contiguous_ptr<scalar_t>(out_pre, keep);
         b.grad_out_pre = cuda_mut_ptr<scalar_t>(grad_out_pre);
       }
       b.grad_hidden_pre = cuda_mut_ptr<scalar_t>(grad_hidden_pre);

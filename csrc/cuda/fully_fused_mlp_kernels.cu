@@ -187,37 +187,53 @@ __device__ __forceinline__ float activate_grad(MlpActivation act, float src) {
   }
 }
 
-// act over every accumulator: one switch per layer, not one per element.
-template <int W>
-__device__ __forceinline__ void activate_all(float (&c)[W / 8][4], MlpActivation act) {
-  const auto each = [&c](auto f) {
-#pragma unroll
-    for (int nt = 0; nt < W / 8; ++nt) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) c[nt][j] = f(c[nt][j]);
-    }
-  };
+// act and act' as functors with the activation fixed at compile time.
+template <MlpActivation A>
+struct Activate {
+  __device__ __forceinline__ float operator()(float v) const { return activate(A, v); }
+};
+template <MlpActivation A>
+struct ActivateGrad {
+  __device__ __forceinline__ float operator()(float x) const { return activate_grad(A, x); }
+};
+
+// f(Fn<act>{}) with act fixed at compile time: one switch per layer around f's loop, not one per
+// element (per element it kept the GELUs from interleaving). none does nothing: identity, act' 1.
+template <template <MlpActivation> class Fn, typename F>
+__device__ __forceinline__ void with_activation(MlpActivation act, F&& f) {
   switch (act) {
     case MlpActivation::kRelu:
-      each([](float v) { return activate(MlpActivation::kRelu, v); });
+      f(Fn<MlpActivation::kRelu>{});
       break;
     case MlpActivation::kGelu:
-      each([](float v) { return activate(MlpActivation::kGelu, v); });
+      f(Fn<MlpActivation::kGelu>{});
       break;
     case MlpActivation::kGeluTanh:
-      each([](float v) { return activate(MlpActivation::kGeluTanh, v); });
+      f(Fn<MlpActivation::kGeluTanh>{});
       break;
     default:
       break;
   }
 }
 
+// act over every accumulator.
+template <int W>
+__device__ __forceinline__ void activate_all(float (&c)[W / 8][4], MlpActivation act) {
+  with_activation<Activate>(act, [&c](auto fn) {
+#pragma unroll
+    for (int nt = 0; nt < W / 8; ++nt) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) c[nt][j] = fn(c[nt][j]);
+    }
+  });
+}
+
 // c[nt][j] *= act'(x) for the n columns, x read at the accumulator's places from the saved tile
-// (q points at row g, column 2t of it); one switch per layer.
+// (q points at row g, column 2t of it).
 template <typename T, int W>
 __device__ __forceinline__ void mul_activate_grad(float (&c)[W / 8][4], const T* q, int ld, int n,
                                                   MlpActivation act) {
-  const auto each = [&](auto grad) {
+  with_activation<ActivateGrad>(act, [&](auto grad) {
 #pragma unroll
     for (int nt = 0; nt < W / 8; ++nt) {
       if (nt * 8 < n) {
@@ -230,20 +246,7 @@ __device__ __forceinline__ void mul_activate_grad(float (&c)[W / 8][4], const T*
         }
       }
     }
-  };
-  switch (act) {
-    case MlpActivation::kRelu:
-      each([](float x) { return activate_grad(MlpActivation::kRelu, x); });
-      break;
-    case MlpActivation::kGelu:
-      each([](float x) { return activate_grad(MlpActivation::kGelu, x); });
-      break;
-    case MlpActivation::kGeluTanh:
-      each([](float x) { return activate_grad(MlpActivation::kGeluTanh, x); });
-      break;
-    default:
-      break;
-  }
+  });
 }
 
 // Matrix w ([n_real, k_real] row-major) into shared memory as [n][k + kSkew], or transposed as

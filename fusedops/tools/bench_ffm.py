@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 import fusedops
-from fusedops.tools import bench
+from fusedops.tools import bench, bench_mlp
 from fusedops.tools.bench_mlp import COMPILED, first_call, peak_memory
 
 WIDTHS = (64, 128)
@@ -154,11 +153,7 @@ def table(result: dict) -> str:
 
 
 def write(result: dict, out: str | Path) -> Path:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{result['slug']}-fully_fused_mlp.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    return path
+    return bench_mlp.write(result, out, "fully_fused_mlp")
 
 
 def main(argv=None) -> None:

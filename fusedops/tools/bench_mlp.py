@@ -309,10 +309,11 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write(result: dict, out: str | Path) -> Path:
+def write(result: dict, out: str | Path, name: str = "fused_mlp") -> Path:
+    """<out>/<device slug>-<name>.json (bench_ffm writes its own name)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{result['slug']}-fused_mlp.json"
+    path = out / f"{result['slug']}-{name}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     return path
 
