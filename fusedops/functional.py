@@ -59,7 +59,17 @@ def log_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return ops.softmax_fwd.default(input, dim, True)
 
 
-def _shape(op: str, normalized_shape: int | Sequence[int]) -> list[int]:
+_SHAPE_TYPES = (tuple, list, torch.Size)
+
+
+def _shape(op: str, normalized_shape: int | Sequence[int]) -> Sequence[int]:
+    # The common case in a few exact type checks (the general ones below cost 0.5 µs per call).
+    if type(normalized_shape) in _SHAPE_TYPES:
+        for s in normalized_shape:
+            if type(s) is not int:
+                break
+        else:
+            return normalized_shape
     if isinstance(normalized_shape, (int, torch.SymInt)):
         return [normalized_shape]
     if not isinstance(normalized_shape, Sequence) or not all(

@@ -443,6 +443,21 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("grad_mode", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_forward_mode_ad_raises(device, entry, grad_mode):
+    """Forward-mode AD is not implemented: a dual input raises instead of losing its tangent,
+    with grad mode on or off (the autograd kernels skip the graph node when nothing needs it;
+    a tangent must still take the path that raises)."""
+    import torch.autograd.forward_ad as fwAD
+
+    _, _, call = ENTRY_POINTS[entry]
+    with fwAD.dual_level(), torch.set_grad_enabled(grad_mode):
+        x = fwAD.make_dual(_x(device), _x(device))
+        with pytest.raises(RuntimeError, match="jvp is not implemented"):
+            call(x, device)
+
+
 @pytest.mark.parametrize(
     ("call", "exc", "pattern"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
 )

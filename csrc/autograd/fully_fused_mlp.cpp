@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/autocast.h"
+#include "common/autograd.h"
 
 namespace fusedops {
 namespace {
@@ -96,6 +97,10 @@ class FullyFusedMlpFunction : public torch::autograd::Function<FullyFusedMlpFunc
 FwdOutputs fwd_autograd(const at::Tensor& x, at::TensorList weights, at::TensorList biases,
                         c10::string_view activation, c10::string_view output_activation,
                         bool save) {
+  if (autograd_records_nothing(x, weights, biases)) {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return fwd_op(x, weights, biases, activation, output_activation, save);
+  }
   auto outs = FullyFusedMlpFunction::apply(x, weights, biases, std::string(activation),
                                            std::string(output_activation), save);
   return {outs[0], outs[1], outs[2], outs[3]};

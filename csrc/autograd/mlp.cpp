@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "common/autocast.h"
+#include "common/autograd.h"
 
 namespace fusedops {
 namespace {
@@ -131,12 +132,20 @@ class MlpFunction : public torch::autograd::Function<MlpFunction> {
 
 at::Tensor bias_gelu_fwd_autograd(const at::Tensor& input, const at::Tensor& bias,
                                   c10::string_view approximate) {
+  if (autograd_records_nothing(input, bias)) {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return bias_gelu_fwd_op(input, bias, approximate);
+  }
   return BiasGeluFunction::apply(input, bias, std::string(approximate));
 }
 
 MlpFwdOutputs mlp_fwd_autograd(const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1,
                                const at::Tensor& w2, const OptTensor& b2,
                                c10::string_view approximate, bool save_pre, bool save_act) {
+  if (autograd_records_nothing(x, w1, b1, w2, b2)) {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return mlp_fwd_op(x, w1, b1, w2, b2, approximate, save_pre, save_act);
+  }
   auto outs = MlpFunction::apply(x, w1, b1, w2, b2, std::string(approximate), save_pre, save_act);
   return {outs[0], outs[1], outs[2]};
 }

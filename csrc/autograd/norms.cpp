@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "common/autocast.h"
+#include "common/autograd.h"
 
 namespace fusedops {
 namespace {
@@ -151,6 +152,10 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_autograd(const Tensor& input,
                                                            IntArrayRef normalized_shape,
                                                            const OptTensor& weight,
                                                            const OptTensor& bias, double eps) {
+  if (autograd_records_nothing(input, weight, bias)) {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return layer_norm_fwd_op(input, normalized_shape, weight, bias, eps);
+  }
   const variable_list r = LayerNormFunction::apply(input, normalized_shape, weight, bias, eps);
   return {r[0], r[1], r[2]};
 }
@@ -158,6 +163,10 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_autograd(const Tensor& input,
 std::tuple<Tensor, Tensor> rms_norm_fwd_autograd(const Tensor& input, IntArrayRef normalized_shape,
                                                  const OptTensor& weight,
                                                  std::optional<double> eps) {
+  if (autograd_records_nothing(input, weight)) {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return rms_norm_fwd_op(input, normalized_shape, weight, eps);
+  }
   const variable_list r = RmsNormFunction::apply(input, normalized_shape, weight, eps);
   return {r[0], r[1]};
 }

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "common/autocast.h"
+#include "common/autograd.h"
 
 namespace fusedops {
 namespace {
@@ -87,8 +88,7 @@ class SoftmaxBackwardFunction : public torch::autograd::Function<SoftmaxBackward
 };
 
 at::Tensor softmax_fwd_autograd(const at::Tensor& input, int64_t dim, bool log) {
-  if (!(at::GradMode::is_enabled() && input.requires_grad())) {
-    // Inference: skip building a graph node (a few microseconds per call at small shapes).
+  if (autograd_records_nothing(input)) {
     const at::AutoDispatchBelowADInplaceOrView guard;
     return softmax_fwd_op(input, dim, log);
   }
@@ -97,6 +97,10 @@ at::Tensor softmax_fwd_autograd(const at::Tensor& input, int64_t dim, bool log) 
 
 at::Tensor softmax_bwd_autograd(const at::Tensor& grad_output, const at::Tensor& output,
                                 int64_t dim, bool log) {
+  if (autograd_records_nothing(grad_output, output)) {
+    const at::AutoDispatchBelowADInplaceOrView guard;
+    return softmax_bwd_op(grad_output, output, dim, log);
+  }
   return SoftmaxBackwardFunction::apply(grad_output, output, dim, log);
 }
 

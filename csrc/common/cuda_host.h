@@ -1,8 +1,9 @@
 // Host-side glue between ATen and the torch-free kernel files: the current device's
-// DeviceInfo, and the CUDA type behind each ATen scalar type.
+// DeviceInfo, output allocation, and the CUDA type behind each ATen scalar type.
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <cuda_bf16.h>
@@ -15,6 +16,13 @@ namespace fusedops {
 inline DeviceInfo current_device_info() {
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   return {prop->multiProcessorCount, prop->major, static_cast<int>(prop->sharedMemPerBlockOptin)};
+}
+
+// A new contiguous tensor on `options`' CUDA device, straight from the caching allocator as
+// torch's own CUDA kernels allocate their outputs: at::empty / at::empty_like would take one or
+// two more trips through the dispatcher, a measurable part of a tiny call's host cost.
+inline at::Tensor cuda_empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  return at::detail::empty_cuda(sizes, options);
 }
 
 // cuda_t<at::BFloat16> is __nv_bfloat16: same bits, the type kernel files use.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/irange.h>
 
 #include <cmath>
@@ -74,8 +75,12 @@ inline at::ScalarType norm_stat_dtype(const at::Tensor& input) {
 }
 
 // Statistics have the leading (batch) dims of input: one value per normalized row.
+inline at::IntArrayRef norm_stat_sizes(const at::Tensor& input, const NormProblem& p) {
+  return input.sizes().slice(0, p.axis);
+}
+
 inline at::Tensor norm_stat_empty(const at::Tensor& input, const NormProblem& p) {
-  return at::empty(input.sizes().slice(0, p.axis), input.options().dtype(norm_stat_dtype(input)));
+  return at::empty(norm_stat_sizes(input, p), input.options().dtype(norm_stat_dtype(input)));
 }
 
 // Statistics of rows with no elements, as torch's layer_norm gives them: mean 0, rstd NaN.

@@ -1,7 +1,6 @@
 // Host side of the CUDA bias + GELU: checks, allocation, dtype dispatch and launch of the kernels
 // in bias_gelu_kernels.cu, plus the row entry points fused_mlp composes with its GEMMs.
 #include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -19,7 +18,7 @@ at::Tensor bias_gelu_rows_fwd_cuda(const at::Tensor& input, const at::Tensor& bi
                                    GeluApprox approx) {
   const c10::cuda::CUDAGuard guard(input.device());
   const int64_t rows = input.size(0), cols = input.size(1);
-  at::Tensor y = at::empty({rows, cols}, input.options());
+  at::Tensor y = cuda_empty({rows, cols}, input.options());
   if (y.numel() == 0) return y;
   const DeviceInfo dev = current_device_info();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -39,10 +38,10 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& gra
                                                            bool overwrite_grad_output) {
   const c10::cuda::CUDAGuard guard(input.device());
   const int64_t rows = input.size(0), cols = input.size(1);
-  at::Tensor dx = overwrite_grad_output ? grad_output : at::empty({rows, cols}, input.options());
+  at::Tensor dx = overwrite_grad_output ? grad_output : cuda_empty({rows, cols}, input.options());
   at::Tensor db;
   if (want_dbias) {
-    db = rows == 0 ? at::zeros({cols}, input.options()) : at::empty({cols}, input.options());
+    db = rows == 0 ? at::zeros({cols}, input.options()) : cuda_empty({cols}, input.options());
   }
   if (dx.numel() == 0) return {dx, db};
   const DeviceInfo dev = current_device_info();
@@ -56,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& gra
         if (want_dbias) {
           const auto bytes =
               static_cast<int64_t>(bias_gelu_bwd_workspace_bytes<T>(rows, cols, dev));
-          workspace = at::empty({bytes}, input.options().dtype(at::kByte));
+          workspace = cuda_empty({bytes}, input.options().dtype(at::kByte));
         }
         C10_CUDA_CHECK(bias_gelu_bwd_cuda(
             cuda_ptr<scalar_t>(grad_output), cuda_ptr<scalar_t>(input),

@@ -1,8 +1,6 @@
 // CUDA host side of layer_norm / rms_norm: checks, allocation and dtype dispatch around the
 // torch-free launchers of norms_kernels.cu, and the CUDA kernel registrations.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -66,9 +64,10 @@ struct CudaNorms {
     const c10::cuda::CUDAGuard guard(input.device());
     const at::Tensor x = input.contiguous();
     const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
-    at::Tensor out = at::empty_like(x);
-    at::Tensor mean = kRms ? at::Tensor() : norm_stat_empty(input, p);
-    at::Tensor rstd = norm_stat_empty(input, p);
+    const at::TensorOptions stat_options = x.options().dtype(norm_stat_dtype(x));
+    at::Tensor out = cuda_empty(x.sizes(), x.options());
+    at::Tensor mean = kRms ? at::Tensor() : cuda_empty(norm_stat_sizes(x, p), stat_options);
+    at::Tensor rstd = cuda_empty(norm_stat_sizes(x, p), stat_options);
     if (p.rows == 0) return {out, mean, rstd};
     if (p.cols == 0) {
       fill_empty_row_stats(mean, rstd);
@@ -105,9 +104,10 @@ struct CudaNorms {
     const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
     const at::Tensor rstd_c = rstd.contiguous();
     const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
-    at::Tensor dx = output_mask[0] ? at::empty_like(x) : at::Tensor();
-    at::Tensor dw = output_mask[1] && w.defined() ? at::empty_like(w) : at::Tensor();
-    at::Tensor db = output_mask[2] && b.defined() ? at::empty_like(b) : at::Tensor();
+    auto empty_like = [](const at::Tensor& t) { return cuda_empty(t.sizes(), t.options()); };
+    at::Tensor dx = output_mask[0] ? empty_like(x) : at::Tensor();
+    at::Tensor dw = output_mask[1] && w.defined() ? empty_like(w) : at::Tensor();
+    at::Tensor db = output_mask[2] && b.defined() ? empty_like(b) : at::Tensor();
     auto result = [&]() -> std::tuple<OptTensor, OptTensor, OptTensor> {
       return {dx.defined() ? OptTensor(dx) : std::nullopt,
               dw.defined() ? OptTensor(dw) : std::nullopt,
@@ -133,8 +133,8 @@ struct CudaNorms {
                                    mut_ptr_or_null<W>(db),
                                    p.rows,
                                    p.cols};
-      at::Tensor workspace = at::empty({norm_bwd_workspace_size<T, W, kRms>(args, info)},
-                                       x.options().dtype(norm_stat_dtype(input)));
+      at::Tensor workspace = cuda_empty({norm_bwd_workspace_size<T, W, kRms>(args, info)},
+                                        x.options().dtype(norm_stat_dtype(input)));
       C10_CUDA_CHECK(
           (norm_bwd_cuda<T, W, kRms>(args, mut_ptr_or_null<NormAcc<T>>(workspace), info, stream)));
     });

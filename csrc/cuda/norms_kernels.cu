@@ -41,8 +41,8 @@ constexpr int kFwdPacks = 4;             // per thread in forward teams (16-byte
 constexpr int kFwdScalars = 16;          // or elements when rows aren't 16-byte aligned
 constexpr int kFwdWarpRowsPerBlock = 4;
 constexpr int kBwdMaxThreads = 512;        // per block; backward teams hold 16 elements per thread
-constexpr int kBwdScalars = 8;             // (x and dy), 8 when rows aren't aligned
-constexpr int kBwdMinBlocks = 2;           // per SM: <= 64 registers per thread
+constexpr int kBwdScalars = 8;             // (x and dy), 8 when rows aren't aligned,
+constexpr int kBwdLongElems = 32;          // 32 in rows a cluster of 16-element teams can't hold
 constexpr size_t kDefaultSmem = 48 << 10;  // dynamic shared memory beyond this must be opted into
 constexpr int kLoopThreads = 512;
 constexpr int kLoopUnroll = 4;        // packs in flight per thread in the looping kernels
@@ -407,8 +407,12 @@ struct PartialRows {
 // would hold 2 * 16 more floats per thread and halve the blocks per SM); at the end the teams of
 // a block are summed in a fixed order into the block's partial row, or each block of a cluster
 // team writes its columns of the cluster's partial row.
+// Two blocks per SM (<= 64 registers per thread); one for the 32-element teams, whose dweight and
+// dbias sums take 128 KB of shared memory anyway.
+constexpr int bwd_min_blocks(int elems) { return elems < kBwdLongElems ? 2 : 1; }
+
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
-__global__ void __launch_bounds__(kBwdMaxThreads, kBwdMinBlocks)
+__global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks * VEC))
     norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
   extern __shared__ float4 acc_smem[];  // BwdAcc<VEC, kPacks>::floats(blockDim.x) per sum
   __shared__ float2 scratch[kWarp], exch[2];
@@ -860,21 +864,23 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   BwdPlan<T, W> p{};
   if constexpr (kRegisterTiers<T>) {
     constexpr int kPacks = VEC > 1 ? 16 / VEC : kBwdScalars;
-    auto smem = [](int threads) {  // the dweight (and dbias) sums
-      return size_t(BwdAcc<VEC, kPacks>::floats(threads)) * (kRms ? 1 : 2) * sizeof(float);
+    constexpr int kLongPacks = VEC > 1 ? kBwdLongElems / VEC : kBwdScalars;
+    auto smem = [](int threads, int packs) {  // the dweight (and dbias) sums
+      return size_t(threads) * packs * VEC * (kRms ? 1 : 2) * sizeof(float);
     };
     const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
-    const TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdMaxThreads, max_ranks);
+    const TeamShape s = team_shape(a.cols, VEC, {kPacks, kLongPacks}, kBwdMaxThreads, max_ranks);
     if (a.cols <= kWarp * kPacks * VEC) {
       p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, true>,
-           {0, kBwdMaxThreads, smem(kBwdMaxThreads), 1},
+           {0, kBwdMaxThreads, smem(kBwdMaxThreads, kPacks), 1},
            kWarp,
            false,
            0};
     } else if (s.ranks > 0) {
       const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
-      p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, false>,
-           {0, threads, smem(threads), s.ranks},
+      p = {s.packs == kPacks ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, false>
+                             : norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, false>,
+           {0, threads, smem(threads, s.packs), s.ranks},
            s.threads,
            false,
            0};

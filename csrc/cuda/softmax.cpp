@@ -2,7 +2,6 @@
 // The kernels live in softmax_fwd.cu / softmax_bwd.cu.
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -18,7 +17,7 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   const SoftmaxProblem p = check_softmax_fwd(input, dim, log);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::Tensor x = to_rows(input, p.dim);
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = cuda_empty(x.sizes(), x.options());
   if (p.rows == 0) return from_rows(y, p.dim, input);
   const DeviceInfo dev = current_device_info();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -35,7 +34,7 @@ at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, 
   const c10::cuda::CUDAGuard guard(output.device());
   const at::Tensor dy = to_rows(grad_output, p.dim);
   const at::Tensor y = to_rows(output, p.dim);
-  at::Tensor dx = at::empty_like(y);
+  at::Tensor dx = cuda_empty(y.sizes(), y.options());
   if (p.rows == 0) return from_rows(dx, p.dim, output);
   const DeviceInfo dev = current_device_info();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();

@@ -18,8 +18,8 @@ cache, so those can exceed 100% of it: there % of copy compares with DRAM speed,
 
 Host cost (on unless --no-host): microseconds per call on tiny tensors (HOST_SHAPE): each op
 forward and forward+backward and each module, fusedops beside torch's equivalent; back-to-back
-calls, one synchronize per batch, median over batches. That is what a model's many small calls
-pay; the GB/s tables are what large ones do.
+calls, one synchronize per batch, the two providers' batches in turn, median over batches. That
+is what a model's many small calls pay; the GB/s tables are what large ones do.
 
 Providers: fusedops, torch eager, torch.compile and, on CUDA where `liger_kernel` imports,
 Liger-Kernel's Triton kernels (layer_norm and rms_norm; ops it lacks get no liger entries).
@@ -496,10 +496,32 @@ def host_cases(
     return cases
 
 
-def host_us(f: Callable, args: tuple, device: torch.device, backward: bool, quick: bool) -> float:
-    """Median µs per call of f(*args) (and its backward): batches of back-to-back calls on the
-    host clock, one synchronize at the end of each."""
+def host_us(
+    calls: dict[str, Callable], args: tuple, device: torch.device, backward: bool, quick: bool
+) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Median µs per call of each provider's f(*args) (and its backward), and the errors of
+    those that failed: batches of back-to-back calls on the host clock, one synchronize at the
+    end of each, the providers' batches taken in turn so that a drift in the machine's speed
+    falls on all of them alike."""
     batch, reps = (50, 5) if quick else (200, 15)
+    steps, times, errors = {}, {}, {}
+    with torch.set_grad_enabled(backward):  # forward: inference, no autograd graph
+        for provider, f in calls.items():
+            try:
+                steps[provider] = _host_step(f, args, backward)
+                for _ in range(batch // 5 + 2):  # warm-up
+                    steps[provider]()
+                times[provider] = []
+            except Exception as e:  # e.g. an op without kernels for this device
+                errors[provider] = _error(e)
+        for _ in range(reps):
+            for provider, step in steps.items():
+                times[provider].append(_per_call(step, batch, 1, device, host_clock=True) * 1e6)
+    us = {p: statistics.median(times[p]) if p in times else None for p in calls}
+    return us, errors
+
+
+def _host_step(f: Callable, args: tuple, backward: bool) -> Callable[[], None]:
     if backward:
         args = tuple(a.detach().requires_grad_() for a in args)
         with torch.enable_grad():
@@ -510,10 +532,7 @@ def host_us(f: Callable, args: tuple, device: torch.device, backward: bool, quic
         if backward:
             y.backward(dy)
 
-    with torch.set_grad_enabled(backward):  # forward: inference, no autograd graph
-        for _ in range(batch // 5 + 2):
-            step()
-        return _per_call(step, batch, reps, device, host_clock=True) * 1e6
+    return step
 
 
 def host_costs(device: torch.device, quick: bool = False) -> dict:
@@ -522,12 +541,9 @@ def host_costs(device: torch.device, quick: bool = False) -> dict:
     rows = []
     for name, fused, ref, args in host_cases(device, DTYPES[HOST_DTYPE]):
         for backward in (False, True):
-            row = {"name": f"{name} {'fwd+bwd' if backward else 'fwd'}", "errors": {}}
-            for provider, f in (("fusedops", fused), ("torch", ref)):
-                try:
-                    row[f"{provider}_us"] = host_us(f, args, device, backward, quick)
-                except Exception as e:  # e.g. an op without kernels for this device
-                    row[f"{provider}_us"], row["errors"][provider] = None, _error(e)
+            us, errors = host_us({"fusedops": fused, "torch": ref}, args, device, backward, quick)
+            row = {"name": f"{name} {'fwd+bwd' if backward else 'fwd'}", "errors": errors}
+            row.update({f"{provider}_us": v for provider, v in us.items()})
             rows.append(row)
     return {"shape": list(HOST_SHAPE), "dtype": HOST_DTYPE, "rows": rows}
 
