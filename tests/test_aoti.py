@@ -64,8 +64,14 @@ def test_aoti_compile_package_load_run(device, tmp_path):
             f"torch {torch.__version__} has no aoti_compile_and_package / aoti_load_package"
         )
     # In a child process: a crash inside torch's package loader must fail this test, not the run.
+    # The child imports the fusedops this process imported, however pytest found it.
+    checkout = os.path.dirname(os.path.dirname(fusedops.__file__))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([checkout, os.environ.get("PYTHONPATH", "")]),
+    }
     proc = subprocess.run(
-        [sys.executable, __file__, device, str(tmp_path)], capture_output=True, text=True
+        [sys.executable, __file__, device, str(tmp_path)], capture_output=True, text=True, env=env
     )
     if proc.returncode == -signal.SIGSEGV:
         # Seen on one machine image (torch 2.11 wheel, g++ 13.3): aoti_load_package segfaults

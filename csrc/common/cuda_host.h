@@ -18,11 +18,17 @@ inline DeviceInfo current_device_info() {
   return {prop->multiProcessorCount, prop->major, static_cast<int>(prop->sharedMemPerBlockOptin)};
 }
 
-// A new contiguous tensor on `options`' CUDA device, straight from the caching allocator as
-// torch's own CUDA kernels allocate their outputs: at::empty / at::empty_like would take one or
-// two more trips through the dispatcher, a measurable part of a tiny call's host cost.
+// New CUDA tensors straight from the caching allocator, as torch's own CUDA kernels allocate
+// their outputs: at::empty / at::empty_like would take one or two more trips through the
+// dispatcher, a measurable part of a tiny call's host cost.
 inline at::Tensor cuda_empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
   return at::detail::empty_cuda(sizes, options);
+}
+
+// at::empty_like for a dense `t`: its strides too, which for size-1 and size-0 dimensions
+// differ from the standard ones and decide the strides of a softmax output moved back in place.
+inline at::Tensor cuda_empty_like(const at::Tensor& t) {
+  return at::detail::empty_strided_cuda(t.sizes(), t.strides(), t.options());
 }
 
 // cuda_t<at::BFloat16> is __nv_bfloat16: same bits, the type kernel files use.

@@ -65,7 +65,7 @@ struct CudaNorms {
     const at::Tensor x = input.contiguous();
     const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
     const at::TensorOptions stat_options = x.options().dtype(norm_stat_dtype(x));
-    at::Tensor out = cuda_empty(x.sizes(), x.options());
+    at::Tensor out = cuda_empty_like(x);
     at::Tensor mean = kRms ? at::Tensor() : cuda_empty(norm_stat_sizes(x, p), stat_options);
     at::Tensor rstd = cuda_empty(norm_stat_sizes(x, p), stat_options);
     if (p.rows == 0) return {out, mean, rstd};
@@ -104,10 +104,9 @@ struct CudaNorms {
     const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
     const at::Tensor rstd_c = rstd.contiguous();
     const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
-    auto empty_like = [](const at::Tensor& t) { return cuda_empty(t.sizes(), t.options()); };
-    at::Tensor dx = output_mask[0] ? empty_like(x) : at::Tensor();
-    at::Tensor dw = output_mask[1] && w.defined() ? empty_like(w) : at::Tensor();
-    at::Tensor db = output_mask[2] && b.defined() ? empty_like(b) : at::Tensor();
+    at::Tensor dx = output_mask[0] ? cuda_empty_like(x) : at::Tensor();
+    at::Tensor dw = output_mask[1] && w.defined() ? cuda_empty_like(w) : at::Tensor();
+    at::Tensor db = output_mask[2] && b.defined() ? cuda_empty_like(b) : at::Tensor();
     auto result = [&]() -> std::tuple<OptTensor, OptTensor, OptTensor> {
       return {dx.defined() ? OptTensor(dx) : std::nullopt,
               dw.defined() ? OptTensor(dw) : std::nullopt,

@@ -17,7 +17,7 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   const SoftmaxProblem p = check_softmax_fwd(input, dim, log);
   const c10::cuda::CUDAGuard guard(input.device());
   const at::Tensor x = to_rows(input, p.dim);
-  at::Tensor y = cuda_empty(x.sizes(), x.options());
+  at::Tensor y = cuda_empty_like(x);
   if (p.rows == 0) return from_rows(y, p.dim, input);
   const DeviceInfo dev = current_device_info();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -34,7 +34,7 @@ at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, 
   const c10::cuda::CUDAGuard guard(output.device());
   const at::Tensor dy = to_rows(grad_output, p.dim);
   const at::Tensor y = to_rows(output, p.dim);
-  at::Tensor dx = cuda_empty(y.sizes(), y.options());
+  at::Tensor dx = cuda_empty_like(y);
   if (p.rows == 0) return from_rows(dx, p.dim, output);
   const DeviceInfo dev = current_device_info();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
