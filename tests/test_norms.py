@@ -384,11 +384,11 @@ def test_cuda_bad_inputs():
 
 # Row lengths that reach every kernel tier (bf16 counts; fp32 tiers end at about half):
 # forward warp teams (<= 256, 512, 1024), block teams (<= 32768), cluster teams of 2..8 blocks
-# (<= 262144) and the looping kernel beyond; backward warp teams (<= 512), block teams
-# (<= 8192), clusters of up to 16 (<= 131072; 32 elements per thread <= 262144), looping; and
-# odd lengths, which take the unaligned (scalar) variant of each (forward <= 128 / 8192 / 65536,
-# backward <= 256 / 4096 / 65536). Without clusters (before sm_90) the long rows take the
-# looping kernels.
+# of 512 threads (<= 131072), then of up to 1024 (<= 262144), and the looping kernel beyond;
+# backward warp teams (<= 512), block teams (<= 8192), clusters of up to 16 (<= 131072; 32
+# elements per thread <= 262144), looping; and odd lengths, which take the unaligned (scalar)
+# variant of each (forward <= 128 / 8192 / 65536, backward <= 256 / 4096 / 65536). Without
+# clusters (before sm_90) the long rows take the looping kernels.
 TIER_COLS = [8, 200, 500, 1000, 4096, 8200, 20000, 40000, 131072, 140000, 262144, 300000]
 TIER_COLS += [33, 1001, 4097, 9001, 70001]
 

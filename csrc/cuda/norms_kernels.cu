@@ -40,6 +40,7 @@ constexpr int kMaxBwdClusterRanks = 16;  // backward, where the GPU allows this 
 constexpr int kFwdPacks = 4;             // per thread in forward teams (16-byte packs of x),
 constexpr int kFwdScalars = 16;          // or elements when rows aren't 16-byte aligned
 constexpr int kFwdWarpRowsPerBlock = 4;
+constexpr int kFwdClusterThreads = 512;    // per block of a forward cluster team (see norm_fwd_vec)
 constexpr int kBwdMaxThreads = 512;        // per block; backward teams hold 16 elements per thread
 constexpr int kBwdScalars = 8;             // (x and dy), 8 when rows aren't aligned,
 constexpr int kBwdLongElems = 32;          // 32 in rows a cluster of 16-element teams can't hold
@@ -250,7 +251,8 @@ struct BwdAcc {
 
 // Threads per forward block: up to 4 packs, 1024 and so at most 64 registers per thread, which
 // keeps occupancy at 50% (left free, the compiler took 92: 31% occupancy, and 16384x4096 bf16
-// layer_norm ran at 60% of copy instead of 73%); 16 scalars need more registers.
+// layer_norm ran at 60% of copy instead of 73%), and two 512-thread blocks per SM; 16 scalars
+// need more registers.
 constexpr int fwd_max_threads(int packs) { return packs <= kFwdPacks ? 1024 : 512; }
 
 // Forward, row in registers. Each pack index p is one coalesced sweep of the team over the row.
@@ -409,10 +411,10 @@ struct PartialRows {
 // team writes its columns of the cluster's partial row.
 // Two blocks per SM (<= 64 registers per thread); one for the 32-element teams, whose dweight and
 // dbias sums take 128 KB of shared memory anyway.
-constexpr int bwd_min_blocks(int elems) { return elems < kBwdLongElems ? 2 : 1; }
+constexpr int bwd_min_blocks(int packs, int vec) { return packs * vec < kBwdLongElems ? 2 : 1; }
 
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
-__global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks * VEC))
+__global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
     norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
   extern __shared__ float4 acc_smem[];  // BwdAcc<VEC, kPacks>::floats(blockDim.x) per sum
   __shared__ float2 scratch[kWarp], exch[2];
@@ -783,10 +785,21 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
     if (a.cols <= kWarp * VEC * 4) {
       return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, true>, warp, stream, a, kWarp);
     }
-    const int max_ranks = info.has_clusters() ? kMaxClusterRanks : 1;
+    // One block per row where one holds it: its barriers are cheap. Longer rows take clusters
+    // of 512-thread blocks first, two per SM, so that one block loads while the other waits at
+    // its cluster's barriers, and only then of 1024-thread blocks. Measured on an H100 (bf16 /
+    // fp32 % of copy, layer_norm): 4096x32768 bf16 77 as one 1024-thread block, 64 as two
+    // 512-thread blocks; fp32 68 as 2 x 1024, 72 as 4 x 512; 1024x131072 bf16 50 as 4 x 1024,
+    // 55 as 8 x 512. Clusters of 16 (non-portable) were no faster than 8 x 1024 or the loop.
     constexpr int kPacks = VEC > 1 ? kFwdPacks : kFwdScalars;
-    const TeamShape s = team_shape(a.cols, VEC, {kPacks}, fwd_max_threads(kPacks), max_ranks);
-    if (s.ranks > 0) {
+    const int max_ranks = info.has_clusters() ? kMaxClusterRanks : 1;
+    const std::pair<int, int> caps[] = {// threads per block, blocks per team
+                                        {fwd_max_threads(kPacks), 1},
+                                        {kFwdClusterThreads, max_ranks},
+                                        {fwd_max_threads(kPacks), max_ranks}};
+    for (const auto& [max_threads, ranks] : caps) {
+      const TeamShape s = team_shape(a.cols, VEC, {kPacks}, max_threads, ranks);
+      if (s.ranks == 0) continue;
       const LaunchShape team{stride_blocks(a.rows, s.ranks, info), s.threads, 0, s.ranks};
       return launch(norm_fwd_kernel<T, W, kRms, VEC, kPacks, false>, team, stream, a, s.threads);
     }
