@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <type_traits>
 
 #include "common/checks.h"
 
@@ -67,6 +68,26 @@ inline void check_norm_params(const char* op, const at::Tensor& input,
                      ": weight has dtype ", weight->scalar_type(), " but bias has dtype ",
                      bias->scalar_type(), " (they must match)");
   }
+}
+
+// The parameters' dtype: weight's, else bias's (check_norm_params makes them match); none
+// when neither is given.
+inline std::optional<at::ScalarType> norm_param_dtype(const at::Tensor& weight,
+                                                      const at::Tensor& bias) {
+  if (weight.defined()) return weight.scalar_type();
+  if (bias.defined()) return bias.scalar_type();
+  return std::nullopt;
+}
+
+// Calls f(T*, W*) (null type tags), T the backend's type for the input's dtype and W that of the
+// parameters: float when they are fp32 beside fp16/bf16 input, else T (check_norm_param allows
+// nothing else). The kernels read the parameters as they are: no converted copy per call.
+template <typename T, typename F>
+void with_norm_param_type(std::optional<at::ScalarType> param_dtype, F& f) {
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) {
+    if (param_dtype == at::kFloat) return f(static_cast<T*>(nullptr), static_cast<float*>(nullptr));
+  }
+  f(static_cast<T*>(nullptr), static_cast<T*>(nullptr));
 }
 
 // Per-row statistics are accumulated and saved in fp32 (fp64 for fp64 input).

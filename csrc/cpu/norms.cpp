@@ -100,10 +100,11 @@ struct Sum {
   }
 };
 
-// y = (x - mean) * rstd * w + b, with mean = 0 for rms_norm. w, b: acc_t [cols] or null.
-template <typename T, bool kRms>
-void norm_fwd_rows(const T* x, const acc_t<T>* w, const acc_t<T>* b, T* y, acc_t<T>* mean,
-                   acc_t<T>* rstd, int64_t rows, int64_t cols, double eps) {
+// y = (x - mean) * rstd * w + b, with mean = 0 for rms_norm. w, b: [cols] of W (T or acc_t<T>),
+// or null.
+template <typename T, typename W, bool kRms>
+void norm_fwd_rows(const T* x, const W* w, const W* b, T* y, acc_t<T>* mean, acc_t<T>* rstd,
+                   int64_t rows, int64_t cols, double eps) {
   using A = acc_t<T>;
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -141,10 +142,10 @@ void norm_fwd_rows(const T* x, const acc_t<T>* w, const acc_t<T>* b, T* y, acc_t
 //   dw_part[c] += dy * xh,  db_part[c] += dy        over the rows of chunk c
 // Each output is computed only when its pointer is non-null; the partials start zeroed. Two
 // passes per row: the two sums, then dx and the partials together.
-template <typename T, bool kRms>
-void norm_bwd_rows(const T* dy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd,
-                   const acc_t<T>* w, T* dx, acc_t<T>* dw_part, acc_t<T>* db_part, int64_t rows,
-                   int64_t cols, int64_t chunks) {
+template <typename T, typename W, bool kRms>
+void norm_bwd_rows(const T* dy, const T* x, const acc_t<T>* mean, const acc_t<T>* rstd, const W* w,
+                   T* dx, acc_t<T>* dw_part, acc_t<T>* db_part, int64_t rows, int64_t cols,
+                   int64_t chunks) {
   using A = acc_t<T>;
   at::parallel_for(0, chunks, 1, [&](int64_t c_begin, int64_t c_end) {
     for (int64_t c = c_begin; c < c_end; ++c) {
@@ -187,9 +188,10 @@ void norm_bwd_rows(const T* dy, const T* x, const acc_t<T>* mean, const acc_t<T>
   });
 }
 
-// out[j] = sum over c = 0, 1, ... of part[c][j], in that order whatever the thread split.
-template <typename A>
-void sum_partials(const A* part, A* out, int64_t chunks, int64_t cols) {
+// out[j] = sum over c = 0, 1, ... of part[c][j], in that order whatever the thread split, rounded
+// once to W.
+template <typename A, typename W>
+void sum_partials(const A* part, W* out, int64_t chunks, int64_t cols) {
   at::parallel_for(0, cols, kGrainElems, [&](int64_t begin, int64_t end) {
     for_each_vec<A>(begin, end, [&](int64_t j, auto t) {
       using V = decltype(t);
@@ -198,11 +200,6 @@ void sum_partials(const A* part, A* out, int64_t chunks, int64_t cols) {
       st(out + j, s);
     });
   });
-}
-
-// A parameter as a contiguous acc_t tensor (a no-op for fp32 parameters of fp32 input).
-at::Tensor param_acc(const std::optional<at::Tensor>& p, at::ScalarType acc) {
-  return has_tensor(p) ? p->to(acc).contiguous() : at::Tensor();
 }
 
 // The backend of NormOps (common/norm_ops.h).
@@ -224,14 +221,17 @@ struct CpuNorms {
       fill_empty_row_stats(mean, rstd);
       return {out, mean, rstd};
     }
-    const at::ScalarType acc = norm_stat_dtype(input);
-    const at::Tensor w = param_acc(weight, acc), b = param_acc(bias, acc);
+    const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "norm_fwd_cpu", [&] {
-      using A = acc_t<scalar_t>;
-      norm_fwd_rows<scalar_t, kRms>(x.const_data_ptr<scalar_t>(), ptr_or_null<A>(w),
-                                    ptr_or_null<A>(b), out.mutable_data_ptr<scalar_t>(),
-                                    mut_ptr_or_null<A>(mean), rstd.mutable_data_ptr<A>(), p.rows,
-                                    p.cols, eps);
+      auto run = [&](auto* t_tag, auto* w_tag) {
+        using T = std::remove_pointer_t<decltype(t_tag)>;
+        using W = std::remove_pointer_t<decltype(w_tag)>;
+        using A = acc_t<T>;
+        norm_fwd_rows<T, W, kRms>(x.const_data_ptr<T>(), ptr_or_null<W>(w), ptr_or_null<W>(b),
+                                  out.mutable_data_ptr<T>(), mut_ptr_or_null<A>(mean),
+                                  rstd.mutable_data_ptr<A>(), p.rows, p.cols, eps);
+      };
+      with_norm_param_type<scalar_t>(norm_param_dtype(w, b), run);
     });
     return {out, mean, rstd};
   }
@@ -255,31 +255,35 @@ struct CpuNorms {
         need_dw ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
     at::Tensor db_part =
         need_db ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
-    if (x.numel() > 0) {
-      const at::Tensor w = param_acc(weight, acc);
-      const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
-      const at::Tensor rstd_c = rstd.contiguous();
-      AT_DISPATCH_FLOATING_TYPES_AND2(
-          at::kHalf, at::kBFloat16, x.scalar_type(), "norm_bwd_cpu", [&] {
-            using A = acc_t<scalar_t>;
-            norm_bwd_rows<scalar_t, kRms>(
-                dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), ptr_or_null<A>(mean_c),
-                rstd_c.const_data_ptr<A>(), ptr_or_null<A>(w), mut_ptr_or_null<scalar_t>(dx),
-                mut_ptr_or_null<A>(dw_part), mut_ptr_or_null<A>(db_part), p.rows, p.cols, chunks);
-          });
-    }
-    auto reduce = [&](const at::Tensor& part, const std::optional<at::Tensor>& param) {
-      std::optional<at::Tensor> none;
-      if (!part.defined()) return none;
-      at::Tensor sum = at::empty({p.cols}, part.options());
-      AT_DISPATCH_FLOATING_TYPES(acc, "norm_bwd_cpu_partials", [&] {
-        sum_partials(part.const_data_ptr<scalar_t>(), sum.mutable_data_ptr<scalar_t>(), chunks,
-                     p.cols);
-      });
-      return std::optional<at::Tensor>(sum.view(normalized_shape).to(param->scalar_type()));
-    };
-    return {output_mask[0] ? std::optional<at::Tensor>(dx) : std::nullopt, reduce(dw_part, weight),
-            reduce(db_part, bias)};
+    const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
+    std::optional<at::Tensor> dw, db;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "norm_bwd_cpu", [&] {
+      auto run = [&](auto* t_tag, auto* w_tag) {
+        using T = std::remove_pointer_t<decltype(t_tag)>;
+        using W = std::remove_pointer_t<decltype(w_tag)>;
+        using A = acc_t<T>;
+        if (x.numel() > 0) {
+          const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
+          const at::Tensor rstd_c = rstd.contiguous();
+          norm_bwd_rows<T, W, kRms>(
+              dy.const_data_ptr<T>(), x.const_data_ptr<T>(), ptr_or_null<A>(mean_c),
+              rstd_c.const_data_ptr<A>(), ptr_or_null<W>(w), mut_ptr_or_null<T>(dx),
+              mut_ptr_or_null<A>(dw_part), mut_ptr_or_null<A>(db_part), p.rows, p.cols, chunks);
+        }
+        // A parameter's gradient, in its dtype: its partial rows summed in chunk order.
+        auto reduce = [&](const at::Tensor& part, const at::Tensor& param) {
+          std::optional<at::Tensor> none;
+          if (!part.defined()) return none;
+          at::Tensor sum = at::empty(normalized_shape, param.options());
+          sum_partials(part.const_data_ptr<A>(), sum.mutable_data_ptr<W>(), chunks, p.cols);
+          return std::optional<at::Tensor>(sum);
+        };
+        dw = reduce(dw_part, w);
+        db = reduce(db_part, b);
+      };
+      with_norm_param_type<scalar_t>(norm_param_dtype(w, b), run);
+    });
+    return {output_mask[0] ? std::optional<at::Tensor>(dx) : std::nullopt, dw, db};
   }
 };
 

@@ -20,36 +20,20 @@ namespace {
 
 using OptTensor = std::optional<at::Tensor>;
 
-// Calls f(T*, W*) (null type tags): T the CUDA type of the input, W that of the parameters:
-// float when they are fp32 beside fp16/bf16 input, else T (norm_host.h allows nothing else).
-template <typename T, typename F>
-void with_param_type(std::optional<at::ScalarType> w, F& f) {
-  if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
-    if (w == at::kFloat) return f(static_cast<T*>(nullptr), static_cast<float*>(nullptr));
-  }
-  f(static_cast<T*>(nullptr), static_cast<T*>(nullptr));
-}
-
 template <typename F>
 void dispatch_norm(at::ScalarType x, std::optional<at::ScalarType> w, F&& f) {
   switch (x) {
     case at::kFloat:
-      return with_param_type<float>(w, f);
+      return with_norm_param_type<float>(w, f);
     case at::kHalf:
-      return with_param_type<__half>(w, f);
+      return with_norm_param_type<__half>(w, f);
     case at::kBFloat16:
-      return with_param_type<__nv_bfloat16>(w, f);
+      return with_norm_param_type<__nv_bfloat16>(w, f);
     case at::kDouble:
-      return with_param_type<double>(w, f);
+      return with_norm_param_type<double>(w, f);
     default:  // check_floating lets nothing else through
       TORCH_CHECK(false, "fusedops: no CUDA norm kernel for dtype ", x);
   }
-}
-
-std::optional<at::ScalarType> param_dtype(const at::Tensor& w, const at::Tensor& b) {
-  if (w.defined()) return w.scalar_type();
-  if (b.defined()) return b.scalar_type();
-  return std::nullopt;
 }
 
 // The backend of NormOps (common/norm_ops.h).
@@ -75,7 +59,7 @@ struct CudaNorms {
     }
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     const DeviceInfo info = current_device_info();
-    dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
+    dispatch_norm(x.scalar_type(), norm_param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
       using T = std::remove_pointer_t<decltype(t_tag)>;
       using W = std::remove_pointer_t<decltype(w_tag)>;
       const NormFwdArgs<T, W> args{ptr_or_null<T>(x),
@@ -119,7 +103,7 @@ struct CudaNorms {
     }
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     const DeviceInfo info = current_device_info();
-    dispatch_norm(x.scalar_type(), param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
+    dispatch_norm(x.scalar_type(), norm_param_dtype(w, b), [&](auto* t_tag, auto* w_tag) {
       using T = std::remove_pointer_t<decltype(t_tag)>;
       using W = std::remove_pointer_t<decltype(w_tag)>;
       const NormBwdArgs<T, W> args{ptr_or_null<T>(dy),
