@@ -5,6 +5,8 @@
 // load time. Forward: rows split across threads. Backward: tasks of a row block x a column tile;
 // dbias is deterministic: the blocks depend only on the shape, each sums its rows in order into
 // its own fp32 partial, and the partials are added in block order.
+#include "bias_gelu.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty_like.h>
@@ -21,7 +23,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/bias_gelu_host.h"
 #include "common/math.h"
 #include "cpu/rows.h"
 

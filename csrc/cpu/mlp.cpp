@@ -2,12 +2,13 @@
 // gelu_backward), so it is never slower than eager. ATen's GELU kernels are used rather than
 // fusedops' bias_gelu: torch builds them per ISA (AVX-512 here), and with the bias already in the
 // GEMM there is nothing left to fuse; they were measured ~3x faster on bf16 than the extension's.
+#include "mlp.h"
+
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/gelu_backward.h>
 #include <torch/library.h>
 
-#include "common/bias_gelu_host.h"
-#include "common/mlp_host.h"
+#include "bias_gelu.h"
 
 namespace fusedops {
 namespace {

@@ -4,6 +4,8 @@
 // loaded and narrowed as they are stored, with no row buffers: a long row's passes stay in
 // cache. dweight/dbias: each chunk of rows writes one partial row, and the partials are summed
 // column-wise in chunk order: bitwise reproducible for a given thread count.
+#include "norms.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -19,9 +21,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "common/norm_host.h"
-#include "common/norm_ops.h"
 #include "cpu/rows.h"
+#include "norm_ops.h"
 
 namespace fusedops {
 namespace {
@@ -202,7 +203,7 @@ void sum_partials(const A* part, W* out, int64_t chunks, int64_t cols) {
   });
 }
 
-// The backend of NormOps (common/norm_ops.h).
+// The backend of NormOps (norm_ops.h).
 struct CpuNorms {
   template <bool kRms>
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const char* op, const at::Tensor& input,

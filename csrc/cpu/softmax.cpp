@@ -2,6 +2,8 @@
 // Rows are split across threads (at::parallel_for); within a row the math is at::vec SIMD in
 // fp32 (fp64 for double); fp16/bf16 rows are converted on the fly, or widened into per-thread
 // buffers where softmax's forward keeps exp(x - max) between passes (so exp runs once).
+#include "softmax.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -13,7 +15,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/softmax_host.h"
 #include "cpu/rows.h"
 
 namespace fusedops {

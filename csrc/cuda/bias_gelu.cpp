@@ -1,5 +1,7 @@
 // Host side of the CUDA bias + GELU: checks, allocation, dtype dispatch and launch of the kernels
 // in bias_gelu_kernels.cu, plus the row entry points fused_mlp composes with its GEMMs.
+#include "bias_gelu.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
@@ -8,7 +10,6 @@
 
 #include <tuple>
 
-#include "common/bias_gelu_host.h"
 #include "common/cuda_host.h"
 #include "cuda/bias_gelu_kernels.h"
 

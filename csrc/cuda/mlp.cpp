@@ -13,6 +13,8 @@
 // ATen plus the bias_gelu kernels; it never fails for that reason. fp32 blocks never use the
 // GELU epilogues: their GELU is not fp32-accurate (on an H200, dW1 of a 40x24 fp32 block was off
 // by 1.5e-5 of its scale where torch is off by 2e-7), harmless only below 16-bit rounding.
+#include "mlp.h"
+
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/addmm.h>
@@ -27,8 +29,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "common/bias_gelu_host.h"
-#include "common/mlp_host.h"
+#include "bias_gelu.h"
 
 namespace fusedops {
 namespace {

@@ -1,5 +1,7 @@
 // CUDA host side of layer_norm / rms_norm: checks, allocation and dtype dispatch around the
 // torch-free launchers of norms_kernels.cu, and the CUDA kernel registrations.
+#include "norms.h"
+
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -11,9 +13,8 @@
 #include <type_traits>
 
 #include "common/cuda_host.h"
-#include "common/norm_host.h"
-#include "common/norm_ops.h"
 #include "cuda/norms_kernels.h"
+#include "norm_ops.h"
 
 namespace fusedops {
 namespace {
@@ -36,7 +37,7 @@ void dispatch_norm(at::ScalarType x, std::optional<at::ScalarType> w, F&& f) {
   }
 }
 
-// The backend of NormOps (common/norm_ops.h).
+// The backend of NormOps (norm_ops.h).
 struct CudaNorms {
   template <bool kRms>
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const char* op, const at::Tensor& input,

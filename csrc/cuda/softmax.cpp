@@ -1,5 +1,7 @@
 // Host side of the CUDA softmax: checks, layout, dtype dispatch and the dispatcher registration.
 // The kernels live in softmax_fwd.cu / softmax_bwd.cu.
+#include "softmax.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -7,7 +9,6 @@
 #include <torch/library.h>
 
 #include "common/cuda_host.h"
-#include "common/softmax_host.h"
 #include "cuda/softmax_kernels.h"
 
 namespace fusedops {

@@ -1,4 +1,4 @@
-// MPS bias + GELU: checks from common/bias_gelu_host.h, kernels from
+// MPS bias + GELU: checks from bias_gelu.h, kernels from
 // metal/kernels/bias_gelu.metal, plus the row entry points fused_mlp composes with its GEMMs.
 // dbias: per-chunk fp32 partials summed in chunk order (colsum), returned in bias' dtype.
 #include <ATen/ops/empty.h>
@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <tuple>
 
-#include "common/bias_gelu_host.h"
+#include "bias_gelu.h"
 #include "mps/metal_host.h"
 
 namespace fusedops {

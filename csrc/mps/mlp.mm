@@ -1,10 +1,10 @@
-// MPS fused_mlp: the composed path of common/mlp_host.h, GEMMs through ATen's MPS matmul
+// MPS fused_mlp: the composed path of mlp.h, GEMMs through ATen's MPS matmul
 // (nn.Linear's addmm / mm) and bias + GELU forward and backward through the Metal kernels of
 // bias_gelu.mm.
 #include <torch/library.h>
 
-#include "common/bias_gelu_host.h"
-#include "common/mlp_host.h"
+#include "bias_gelu.h"
+#include "mlp.h"
 #include "mps/metal_host.h"
 
 namespace fusedops {

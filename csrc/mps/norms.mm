@@ -1,4 +1,4 @@
-// MPS layer_norm / rms_norm: checks and statistics from common/norm_host.h (through NormOps),
+// MPS layer_norm / rms_norm: checks and statistics from norms.h (through NormOps),
 // kernels from metal/kernels/norms.metal. Weight and bias are widened to fp32 [cols] (a no-op for
 // fp32 parameters); their gradients are summed in fp32 and returned in the parameters' dtype.
 #include <ATen/ops/empty.h>
@@ -11,9 +11,9 @@
 #include <optional>
 #include <tuple>
 
-#include "common/norm_host.h"
-#include "common/norm_ops.h"
 #include "mps/metal_host.h"
+#include "norm_ops.h"
+#include "norms.h"
 
 namespace fusedops {
 namespace {
@@ -29,7 +29,7 @@ at::Tensor param_f32(const OptTensor& p) {
   return has_tensor(p) ? p->to(at::kFloat).contiguous() : at::Tensor();
 }
 
-// The backend of NormOps (common/norm_ops.h).
+// The backend of NormOps (norm_ops.h).
 struct MpsNorms {
   template <bool kRms>
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> fwd(const char* op, const at::Tensor& input,

@@ -1,11 +1,11 @@
-// MPS softmax / log_softmax: checks and layout from common/softmax_host.h, kernels from
+// MPS softmax / log_softmax: checks and layout from softmax.h, kernels from
 // metal/kernels/softmax.metal. A softmax over a dim other than the last is made contiguous with
 // that dim last first (a copy, as on CPU and CUDA).
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include "common/softmax_host.h"
 #include "mps/metal_host.h"
+#include "softmax.h"
 
 namespace fusedops {
 namespace {

@@ -15,7 +15,7 @@
 #include <optional>
 #include <tuple>
 
-#include "common/norm_host.h"
+#include "norms.h"
 
 namespace fusedops {
 

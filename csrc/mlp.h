@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-#include "common/bias_gelu_host.h"
+#include "bias_gelu.h"
 #include "common/checks.h"
 
 namespace fusedops {
