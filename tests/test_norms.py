@@ -407,6 +407,18 @@ def test_cuda_kernel_tiers(dtype, cols, op):
 
 
 @cuda_only
+@pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 4096), (torch.float32, 2048)], ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_rows_grouped_per_block(dtype, cols, op):
+    """Enough rows for the staged forward (sm_90+) to put several rows in one block (up to 32 KB
+    of them), and a row count that leaves the last block partly empty."""
+    sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+    x = torch.randn(16 * sms + 3, cols, dtype=dtype, device="cuda")
+    for mode in ["same", "none"]:
+        _check(op, x, [cols], *_params(op, mode, cols, dtype, "cuda"), 1e-5)
+
+
+@cuda_only
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_misaligned_pointer_and_many_rows(op):
     buf = torch.randn(64 * 1024 + 1, dtype=torch.bfloat16, device="cuda")

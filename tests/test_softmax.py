@@ -563,6 +563,20 @@ def test_cuda_every_kernel_path(cuda_device, log, dtype, n, misaligned):
     assert_softmax_backward_close(dx, torch_backward(g, y_in, -1, log), g, y_in, -1, log)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "dtype,n", [(torch.bfloat16, 4096), (torch.float32, 2048), (torch.float16, 8192)]
+)
+@pytest.mark.parametrize("log", OPS)
+def test_cuda_rows_grouped_per_block(cuda_device, log, dtype, n):
+    """Enough rows for the staged forward (sm_90+) to put several rows in one block (up to 32 KB
+    of them), and a row count that leaves the last block partly empty."""
+    sms = torch.cuda.get_device_properties(cuda_device).multi_processor_count
+    x = make_input((16 * sms + 3, n), dtype, cuda_device)
+    poison_allocator(cuda_device, x.numel() * x.element_size())
+    assert_softmax_close(fused_fn(log)(x, -1), torch_fn(log)(x, -1), x, -1, log)
+
+
 HUGE_SHAPES = [
     pytest.param((2**28 + 1, 8), id="2^28+1x8"),
     pytest.param((8193, 262144), id="8193x262144"),

@@ -1,15 +1,17 @@
 // layer_norm / rms_norm forward and backward (kRms: rms_norm, i.e. mean 0 and no bias).
-// Ownership: each row belongs to a team of threads that holds it in registers, kPacks packs of
-// VEC elements per thread (16-byte accesses when VEC = kVec16<T>), so x is read once and y
-// written once: a warp (short rows, several per block, shuffles only), a block or part of one,
-// or the blocks of a cluster (sm_90+, partial sums exchanged through distributed shared memory).
-// Rows too long even for a cluster, and fp64 rows, take looping kernels that read them twice,
-// the second time mostly from L2. Numerics: fp32 throughout (fp64 for fp64 input, A below); mean
-// and variance in two passes over the registers (Welford per pack in the looping kernel, merged
-// by Chan's formula). Backward: each team sums its rows' dweight/dbias in shared memory into one
-// A partial row; norm_partials_kernel adds the partial rows in a fixed order: deterministic, no
-// float atomics. Preconditions (the launchers check them): rows, cols > 0; VEC > 1 only when
-// cols % VEC == 0 and every pointer is 16-byte aligned.
+// Forward on sm_90+, 16-byte-aligned rows of 8 KB and more: the staged row engine
+// (row_stage.cuh, NormFwdStaged below). Otherwise, and backward: each row belongs to a team of
+// threads that holds it in registers, kPacks packs of VEC elements per thread (16-byte accesses
+// when VEC = kVec16<T>), so x is read once and y written once: a warp (short rows, several per
+// block, shuffles only), a block or part of one, or the blocks of a cluster (sm_90+, partial sums
+// exchanged through distributed shared memory). Rows too long even for a cluster, and fp64 rows,
+// take looping kernels that read them twice, the second time mostly from L2. Numerics: fp32
+// throughout (fp64 for fp64 input, A below); mean and variance in two passes over the registers
+// (Welford per pack in the looping kernel, merged by Chan's formula). Backward: each team sums its
+// rows' dweight/dbias in shared memory into one A partial row; norm_partials_kernel adds the
+// partial rows in a fixed order: deterministic, no float atomics. Preconditions (the launchers
+// check them): rows, cols > 0; VEC > 1 only when cols % VEC == 0 and every pointer is 16-byte
+// aligned.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -18,16 +20,15 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 
 #include "common/kernel_registry.h"
+#include "common/query_cache.h"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "cuda/norms_kernels.h"
+#include "cuda/row_stage.cuh"
 
 namespace fusedops {
 namespace {
@@ -321,6 +322,60 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
   }
   team_exit(team);
 }
+
+// Forward through the staged row engine (row_stage.cuh, sm_90+): the numerics of
+// norm_fwd_kernel (mean, then the sum of squared deviations, in two reductions), with the row
+// read from shared memory in each pass.
+template <typename T_, typename W, bool kRms, int VEC>
+struct NormFwdStaged {
+  using T = T_;
+  using Args = NormFwdArgs<T, W>;
+  // The weight and bias loads want more threads per row than softmax (H100, bf16, % of copy,
+  // 4096x32768: 128 bytes per thread 88 / 93 for layer_norm / rms_norm, 256 bytes 81 / 75), and
+  // slices of at most 64 KB (fp32 512x262144 layer_norm: 47 as 8 slices of 128 KB, 52 looping).
+  static constexpr int kBytesPerThread = 128;
+  static constexpr bool kLongSlices = false;
+
+  __host__ __device__ static const T* input(const Args& a) { return a.x; }
+
+  template <typename Reduce>
+  __device__ static void row(const Args& a, const T* x, const row_stage::Slice& sl,
+                             Reduce&& reduce) {
+    float mu = 0.f;
+    if constexpr (!kRms) {
+      float s = 0.f;
+#pragma unroll 4
+      for (int p = sl.t; p < sl.packs; p += sl.n) {
+        float v[VEC];
+        widen(load_pack<T, VEC>(x + p * VEC), v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s += v[j];
+      }
+      mu = reduce(s, SumOp()) / a.cols;
+    }
+    float q = 0.f;
+#pragma unroll 4
+    for (int p = sl.t; p < sl.packs; p += sl.n) {
+      float v[VEC];
+      widen(load_pack<T, VEC>(x + p * VEC), v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) q += (v[j] - mu) * (v[j] - mu);
+    }
+    const float rs = acc_rsqrt(reduce(q, SumOp()) / a.cols + a.eps);
+    if (sl.lead) {
+      if constexpr (!kRms) a.mean[sl.row] = mu;
+      a.rstd[sl.row] = rs;
+    }
+#pragma unroll 4
+    for (int p = sl.t; p < sl.packs; p += sl.n) {
+      const int64_t col = sl.col0 + int64_t(p) * VEC;
+      float v[VEC], out[VEC];
+      widen(load_pack<T, VEC>(x + p * VEC), v);
+      normalize_pack<VEC>(v, mu, rs, a.w ? a.w + col : nullptr, a.b ? a.b + col : nullptr, out);
+      store_acc<VEC>(a.y + sl.offset + int64_t(p) * VEC, out);
+    }
+  }
+};
 
 // Forward for rows that don't fit in registers: a block per row; pass 1 accumulates the
 // statistics (Welford per pack, merged across the block), pass 2 re-reads x (recently read, so
@@ -699,36 +754,6 @@ int64_t stride_blocks(int64_t teams, int ranks, const DeviceInfo& info) {
   return std::min(teams, cap) * ranks;
 }
 
-// Answers of driver queries (attributes, occupancy) by device, kernel, threads per block and
-// cluster size. A plan asks each once per device; later plans of any shape cost arithmetic only.
-struct QueryCache {
-  std::mutex mutex;
-  std::map<std::tuple<int, const void*, int, int>, int> values;
-};
-
-QueryCache& query_cache() {
-  static QueryCache cache;
-  return cache;
-}
-
-// query(device) on the first call for this key on the current device, the stored answer after.
-// Thread-safe: threads that miss together both query (outside the lock) and agree.
-template <typename F>
-int query_once(const void* kernel, int threads, int ranks, F&& query) {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) cudaGetLastError();
-  const std::tuple<int, const void*, int, int> key{device, kernel, threads, ranks};
-  QueryCache& cache = query_cache();
-  {
-    const std::lock_guard<std::mutex> lock(cache.mutex);
-    const auto it = cache.values.find(key);
-    if (it != cache.values.end()) return it->second;
-  }
-  const int value = query(device);
-  const std::lock_guard<std::mutex> lock(cache.mutex);
-  return cache.values.emplace(key, value).first->second;
-}
-
 // Looping kernels re-read a row soon after reading it: keep the rows in flight within half the
 // L2, but use at least one block per SM.
 int64_t loop_blocks(int64_t rows, int64_t row_bytes, const DeviceInfo& info) {
@@ -774,6 +799,13 @@ constexpr bool kRegisterTiers = !std::is_same_v<T, double>;
 template <typename T, typename W, bool kRms, int VEC>
 cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cudaStream_t stream) {
   if constexpr (kRegisterTiers<T>) {
+    if constexpr (VEC > 1) {
+      cudaError_t err = cudaSuccess;
+      if (row_stage::launch<NormFwdStaged<T, W, kRms, VEC>, VEC>(a, a.rows, a.cols, info, stream,
+                                                                 &err)) {
+        return err;
+      }
+    }
     constexpr int kRows = kFwdWarpRowsPerBlock;
     const LaunchShape warp{stride_blocks(ceil_div(a.rows, kRows), 1, info), kWarp * kRows, 0, 1};
     if (a.cols <= kWarp * VEC) {

@@ -1,0 +1,43 @@
+// Answers of driver queries (attributes, occupancy), asked once per device and key: a launch
+// planner that needs them pays arithmetic only after the first call. Host code of the CUDA
+// kernel files (no torch).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+namespace fusedops {
+
+// Keyed by (device, kernel or other owner, then two ints the answer depends on).
+struct QueryCache {
+  std::mutex mutex;
+  std::map<std::tuple<int, const void*, int, int>, int> values;
+};
+
+inline QueryCache& query_cache() {
+  static QueryCache cache;
+  return cache;
+}
+
+// query(device) on the first call for this key on the current device, the stored answer after.
+// Thread-safe: threads that miss together both query (outside the lock) and agree.
+template <typename F>
+int query_once(const void* owner, int a, int b, F&& query) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) cudaGetLastError();
+  const std::tuple<int, const void*, int, int> key{device, owner, a, b};
+  QueryCache& cache = query_cache();
+  {
+    const std::lock_guard<std::mutex> lock(cache.mutex);
+    const auto it = cache.values.find(key);
+    if (it != cache.values.end()) return it->second;
+  }
+  const int value = query(device);
+  const std::lock_guard<std::mutex> lock(cache.mutex);
+  return cache.values.emplace(key, value).first->second;
+}
+
+}  // namespace fusedops
