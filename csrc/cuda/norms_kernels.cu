@@ -336,7 +336,7 @@ struct NormFwdStaged {
   static constexpr int kBytesPerThread = 128;
   static constexpr bool kLongSlices = false;
 
-  __host__ __device__ static const T* input(const Args& a) { return a.x; }
+  __device__ static const T* input(const Args& a) { return a.x; }
 
   template <typename Reduce>
   __device__ static void row(const Args& a, const T* x, const row_stage::Slice& sl,

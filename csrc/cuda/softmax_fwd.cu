@@ -63,7 +63,7 @@ struct SoftmaxFwdStaged {
   static constexpr int kBytesPerThread = 256;
   static constexpr bool kLongSlices = true;
 
-  __host__ __device__ static const T* input(const Args& a) { return a.x; }
+  __device__ static const T* input(const Args& a) { return a.x; }
 
   template <typename Reduce>
   __device__ static void row(const Args& a, const T* x, const row_stage::Slice& sl,
