@@ -14,6 +14,7 @@
 
 #include "common/device_info.h"
 #include "common/kernel_registry.h"
+#include "common/launch.h"
 #include "common/math.h"
 #include "common/vec.cuh"
 #include "cuda/bias_gelu_kernels.h"
@@ -34,8 +35,6 @@ constexpr int kReduceCols = 32, kReduceRows = 8;  // dbias reduction block
 struct Tiling {
   dim3 block, grid;
 };
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // rows_per_thread: rows one thread walks when the grid is large enough to fill the device.
 Tiling make_tiling(int64_t rows, int64_t packs_per_row, int64_t rows_per_thread,

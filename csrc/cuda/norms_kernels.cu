@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "common/kernel_registry.h"
+#include "common/launch.h"
 #include "common/query_cache.h"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
@@ -705,47 +706,7 @@ __global__ void __launch_bounds__(kWarp* kPartSlices)
   }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 int64_t round_up_warp(int64_t n) { return ceil_div(n, kWarp) * kWarp; }
-
-// A launch of `blocks` blocks (a multiple of ranks), in clusters of `ranks` when ranks > 1.
-struct LaunchShape {
-  int64_t blocks;
-  int threads;
-  size_t smem;
-  int ranks;
-};
-
-// `attr` must outlive the config.
-cudaLaunchConfig_t launch_config(const LaunchShape& l, cudaStream_t stream,
-                                 cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(l.blocks));
-  config.blockDim = dim3(static_cast<unsigned>(l.threads));
-  config.dynamicSmemBytes = l.smem;
-  config.stream = stream;
-  if (l.ranks > 1) {
-    attr->id = cudaLaunchAttributeClusterDimension;
-    attr->val.clusterDim.x = static_cast<unsigned>(l.ranks);
-    attr->val.clusterDim.y = 1;
-    attr->val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
-  }
-  return config;
-}
-
-template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), const LaunchShape& l, cudaStream_t stream,
-                   Args&&... args) {
-  record_launch(kernel, l.threads, l.smem, l.ranks);
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t config = launch_config(l, stream, &attr);
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  const cudaError_t last = cudaGetLastError();  // also clears the error of a failed launch
-  return err != cudaSuccess ? err : last;
-}
 
 // Blocks for `teams` row teams of `ranks` blocks: enough to fill the device many times over;
 // the kernels stride over further rows (which keeps gridDim.x far below its limit).
@@ -801,8 +762,8 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
   if constexpr (kRegisterTiers<T>) {
     if constexpr (VEC > 1) {
       cudaError_t err = cudaSuccess;
-      if (row_stage::launch<NormFwdStaged<T, W, kRms, VEC>, VEC>(a, a.rows, a.cols, info, stream,
-                                                                 &err)) {
+      if (row_stage::try_launch<NormFwdStaged<T, W, kRms, VEC>, VEC>(a, a.rows, a.cols, info,
+                                                                     stream, &err)) {
         return err;
       }
     }

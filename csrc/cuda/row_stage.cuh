@@ -21,6 +21,7 @@
 
 #include "common/device_info.h"
 #include "common/kernel_registry.h"
+#include "common/launch.h"
 #include "common/query_cache.h"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
@@ -239,15 +240,9 @@ bool can_run(int smem, int ranks, int threads, const DeviceInfo& dev) {
   if (smem > opted) return false;
   if (ranks == 1) return true;
   return query_once(reinterpret_cast<const void*>(kKernel), smem * 16 + ranks, threads, [&](int) {
-           cudaLaunchConfig_t config = {};
-           config.gridDim = dim3(unsigned(ranks));
-           config.blockDim = dim3(unsigned(threads));
-           config.dynamicSmemBytes = size_t(smem);
-           cudaLaunchAttribute cluster;
-           cluster.id = cudaLaunchAttributeClusterDimension;
-           cluster.val.clusterDim = {unsigned(ranks), 1, 1};
-           config.attrs = &cluster;
-           config.numAttrs = 1;
+           cudaLaunchAttribute attr;
+           const cudaLaunchConfig_t config =
+               launch_config({ranks, threads, size_t(smem), ranks}, nullptr, &attr);
            int fit = 0;
            if (cudaOccupancyMaxActiveClusters(&fit, kKernel, &config) != cudaSuccess) fit = 0;
            cudaGetLastError();  // a failed query leaves no error behind
@@ -258,26 +253,15 @@ bool can_run(int smem, int ranks, int threads, const DeviceInfo& dev) {
 // Launches Policy over the rows when plan() takes them; false otherwise (the caller's other
 // tiers run). One block (cluster) per row group: the hardware scheduler balances them.
 template <typename Policy, int VEC>
-bool launch(const typename Policy::Args& a, int64_t rows, int64_t cols, const DeviceInfo& dev,
-            cudaStream_t stream, cudaError_t* err) {
+bool try_launch(const typename Policy::Args& a, int64_t rows, int64_t cols, const DeviceInfo& dev,
+                cudaStream_t stream, cudaError_t* err) {
   const Plan p = plan<Policy>(rows, cols, VEC, dev);
   if (p.ranks == 0) return false;
   constexpr auto kernel = staged_rows_kernel<Policy, VEC>;
   if (!can_run<kernel>(p.smem, p.ranks, p.threads, dev)) return false;
   const int64_t blocks = (rows + p.teams - 1) / p.teams * p.ranks;
   if (blocks > INT32_MAX) return false;
-  record_launch(kernel, p.threads, p.smem, p.ranks);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(blocks));
-  config.blockDim = dim3(unsigned(p.threads));
-  config.dynamicSmemBytes = size_t(p.smem);
-  config.stream = stream;
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim = {unsigned(p.ranks), 1, 1};
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  *err = cudaLaunchKernelEx(&config, kernel, a, rows, cols, p);
+  *err = launch(kernel, {blocks, p.threads, size_t(p.smem), p.ranks}, stream, a, rows, cols, p);
   return true;
 }
 

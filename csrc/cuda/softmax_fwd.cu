@@ -116,8 +116,8 @@ cudaError_t launch_fwd(const T* x, T* y, int64_t rows, int64_t cols, bool log,
   if constexpr (!std::is_same_v<T, double>) {
     cudaError_t err = cudaSuccess;
     if constexpr (VEC > 1) {
-      if (row_stage::launch<SoftmaxFwdStaged<T, VEC>, VEC>({x, y, log}, rows, cols, dev, stream,
-                                                           &err)) {
+      if (row_stage::try_launch<SoftmaxFwdStaged<T, VEC>, VEC>({x, y, log}, rows, cols, dev, stream,
+                                                               &err)) {
         return err;
       }
     }

@@ -11,13 +11,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 
 #include "common/device_info.h"
 #include "common/kernel_registry.h"
+#include "common/launch.h"
+#include "common/query_cache.h"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 
@@ -301,7 +302,6 @@ struct Plan {
   int ranks;    // CTAs per row (block tier; > 1 only as a cluster)
 };
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int next_pow2(int64_t v) {
   int p = 1;
   while (p < v) p *= 2;
@@ -342,53 +342,24 @@ bool dispatch_int(int n, F&& f) {
 // A persistent grid: as many CTAs (clusters) as fit on the GPU at once, striding over the rows.
 // A grid larger than that runs in waves whose last one starts only after whole CTAs of the
 // first have finished all their rows (seen: 1.6 waves, ~20% lost). Occupancy is queried once
-// per kernel, block size and cluster size, for the first device it runs on.
+// per device, kernel, block size and cluster size.
 template <auto kKernel>
 unsigned grid_for(int threads, int ranks, int64_t groups, const DeviceInfo& dev) {
-  static std::atomic<int> resident[kBlockMaxThreads / 32 + 1][kMaxClusterRanks + 1];
-  int fit = resident[threads / 32][ranks].load(std::memory_order_relaxed);
-  if (fit == 0) {
+  const int fit = query_once(reinterpret_cast<const void*>(kKernel), threads, ranks, [&](int) {
+    int n = 0;
     if (ranks == 1) {
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kKernel, threads, 0);
-      fit *= dev.sm_count;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, 0) == cudaSuccess) {
+        n *= dev.sm_count;
+      }
     } else {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(ranks);
-      config.blockDim = dim3(threads);
-      cudaLaunchAttribute cluster;
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = ranks;
-      cluster.val.clusterDim.y = 1;
-      cluster.val.clusterDim.z = 1;
-      config.attrs = &cluster;
-      config.numAttrs = 1;
-      cudaOccupancyMaxActiveClusters(&fit, kKernel, &config);
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t config = launch_config({ranks, threads, 0, ranks}, nullptr, &attr);
+      if (cudaOccupancyMaxActiveClusters(&n, kKernel, &config) != cudaSuccess) n = 0;
     }
-    cudaGetLastError();  // a failed query leaves fit at 0: use 1 rather than poison the launch
-    fit = std::max(fit, 1);
-    resident[threads / 32][ranks].store(fit, std::memory_order_relaxed);
-  }
+    cudaGetLastError();  // a failed query leaves n at 0: use 1 rather than poison the launch
+    return n > 1 ? n : 1;
+  });
   return unsigned(std::min<int64_t>(groups, fit) * ranks);
-}
-
-template <typename Kernel, typename Args>
-cudaError_t launch(Kernel kernel, unsigned grid, int threads, int ranks, cudaStream_t stream,
-                   const Args& args, int64_t rows, int npacks) {
-  record_launch(kernel, threads, 0, ranks);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  cudaLaunchAttribute cluster;
-  if (ranks > 1) {
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = ranks;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
-  }
-  return cudaLaunchKernelEx(&config, kernel, args, rows, npacks);
 }
 
 // Runs Policy over rows with the register tiers; returns false when the row needs the online
@@ -402,8 +373,8 @@ bool launch_register_tiers(const typename Policy::Args& args, int64_t rows, int6
     auto go = [&](auto lanes, auto packs) {
       constexpr auto kernel = softmax_warp_kernel<Policy, VEC, lanes, packs>;
       const int64_t blocks = ceil_div(rows * p.lanes, kWarpTierBlockThreads);
-      *err = launch(kernel, grid_for<kernel>(p.threads, 1, blocks, dev), p.threads, 1, stream, args,
-                    rows, int(npacks));
+      *err = launch(kernel, {grid_for<kernel>(p.threads, 1, blocks, dev), p.threads, 0, 1}, stream,
+                    args, rows, int(npacks));
     };
     if (p.packs == 1) {
       return dispatch_int<1, 2, 4, 8, 16, 32>(
@@ -418,8 +389,8 @@ bool launch_register_tiers(const typename Policy::Args& args, int64_t rows, int6
     auto go = [&](auto packs) {
       if constexpr (packs * VEC <= Policy::kItemsMax) {
         constexpr auto kernel = softmax_block_kernel<Policy, VEC, packs>;
-        *err = launch(kernel, grid_for<kernel>(p.threads, p.ranks, rows, dev), p.threads, p.ranks,
-                      stream, args, rows, int(npacks));
+        const unsigned grid = grid_for<kernel>(p.threads, p.ranks, rows, dev);
+        *err = launch(kernel, {grid, p.threads, 0, p.ranks}, stream, args, rows, int(npacks));
       }
     };
     return dispatch_int<1, 2, 4, kMaxPacks>(p.packs, go);

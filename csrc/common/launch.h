@@ -1,0 +1,56 @@
+// Host side of the CUDA kernel files (no torch): launch sizes, and launches with an optional
+// cluster dimension, each recorded for the kernel report (kernel_registry.h).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "common/kernel_registry.h"
+
+namespace fusedops {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A launch of `blocks` blocks (a multiple of ranks), in clusters of `ranks` when ranks > 1.
+struct LaunchShape {
+  int64_t blocks;
+  int threads;
+  size_t smem;  // dynamic shared memory per block
+  int ranks;
+};
+
+// `attr` must outlive the config.
+inline cudaLaunchConfig_t launch_config(const LaunchShape& l, cudaStream_t stream,
+                                        cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(l.blocks));
+  config.blockDim = dim3(static_cast<unsigned>(l.threads));
+  config.dynamicSmemBytes = l.smem;
+  config.stream = stream;
+  if (l.ranks > 1) {
+    attr->id = cudaLaunchAttributeClusterDimension;
+    attr->val.clusterDim.x = static_cast<unsigned>(l.ranks);
+    attr->val.clusterDim.y = 1;
+    attr->val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+  }
+  return config;
+}
+
+// The launch's error, also cleared (a failed launch leaves none behind for later calls).
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), const LaunchShape& l, cudaStream_t stream,
+                   Args&&... args) {
+  record_launch(kernel, l.threads, l.smem, l.ranks);
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t config = launch_config(l, stream, &attr);
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  const cudaError_t last = cudaGetLastError();
+  return err != cudaSuccess ? err : last;
+}
+
+}  // namespace fusedops
