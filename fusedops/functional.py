@@ -35,6 +35,10 @@ def _optional_tensor(op: str, arg: str, value) -> None:
         )
 
 
+def _is_optional_tensor(a, b) -> bool:
+    return (a is None or isinstance(a, torch.Tensor)) and (b is None or isinstance(b, torch.Tensor))
+
+
 def _int(op: str, arg: str, value) -> None:
     if not isinstance(value, (int, torch.SymInt)) or isinstance(value, bool):
         raise TypeError(f"fusedops.{op}: {arg} must be an int, got {value!r}")
@@ -45,18 +49,27 @@ def _approximate(op: str, value) -> None:
         raise TypeError(f"fusedops.{op}: approximate must be 'none' or 'tanh', got {value!r}")
 
 
+# The ops, looked up once: host cost per call counts on small tensors.
+_softmax_fwd = ops.softmax_fwd.default
+_layer_norm_fwd = ops.layer_norm_fwd.default
+_rms_norm_fwd = ops.rms_norm_fwd.default
+_bias_gelu_fwd = ops.bias_gelu_fwd.default
+
+
 def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """softmax(input, dim) as torch.softmax, fused: one read of input, one write of the result."""
-    _tensor("softmax", "input", input)
-    _int("softmax", "dim", dim)
-    return ops.softmax_fwd.default(input, dim, False)
+    if not isinstance(input, torch.Tensor) or type(dim) is not int:  # the checks, off the fast path
+        _tensor("softmax", "input", input)
+        _int("softmax", "dim", dim)
+    return _softmax_fwd(input, dim, False)
 
 
 def log_softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """log_softmax(input, dim) as torch.log_softmax, fused like softmax."""
-    _tensor("log_softmax", "input", input)
-    _int("log_softmax", "dim", dim)
-    return ops.softmax_fwd.default(input, dim, True)
+    if not isinstance(input, torch.Tensor) or type(dim) is not int:
+        _tensor("log_softmax", "input", input)
+        _int("log_softmax", "dim", dim)
+    return _softmax_fwd(input, dim, True)
 
 
 _SHAPE_TYPES = (tuple, list, torch.Size)
@@ -91,11 +104,12 @@ def layer_norm(
 ) -> torch.Tensor:
     """layer_norm as torch.nn.functional.layer_norm, fused: one read of input, one write of the
     result; fp32 statistics. weight/bias may be fp32 for fp16/bf16 input."""
-    _tensor("layer_norm", "input", input)
-    _optional_tensor("layer_norm", "weight", weight)
-    _optional_tensor("layer_norm", "bias", bias)
+    if not isinstance(input, torch.Tensor) or not _is_optional_tensor(weight, bias):
+        _tensor("layer_norm", "input", input)
+        _optional_tensor("layer_norm", "weight", weight)
+        _optional_tensor("layer_norm", "bias", bias)
     shape = _shape("layer_norm", normalized_shape)
-    return ops.layer_norm_fwd.default(input, shape, weight, bias, eps)[0]
+    return _layer_norm_fwd(input, shape, weight, bias, eps)[0]
 
 
 def _torch_rms_norm_rules() -> tuple[bool, bool]:
@@ -123,15 +137,16 @@ def rms_norm(
     """rms_norm as torch.nn.functional.rms_norm, fused like layer_norm. eps=None is the running
     torch's default: the accumulation type's epsilon (fp32's for fp16/bf16/fp32 input; torch 2.4:
     the input dtype's)."""
-    _tensor("rms_norm", "input", input)
-    _optional_tensor("rms_norm", "weight", weight)
+    if not isinstance(input, torch.Tensor) or not _is_optional_tensor(weight, None):
+        _tensor("rms_norm", "input", input)
+        _optional_tensor("rms_norm", "weight", weight)
     shape = _shape("rms_norm", normalized_shape)
     if (_RMS_EPS_OF_INPUT_DTYPE or _RMS_PROMOTES_TO_WEIGHT) and input.dtype in (
         torch.float16,
         torch.bfloat16,
     ):
         return _rms_norm_torch24(input, shape, weight, eps)
-    return ops.rms_norm_fwd.default(input, shape, weight, eps)[0]
+    return _rms_norm_fwd(input, shape, weight, eps)[0]
 
 
 def _rms_norm_torch24(input, shape, weight, eps):
@@ -149,10 +164,14 @@ def bias_gelu(input: torch.Tensor, bias: torch.Tensor, approximate: str = "none"
 
     bias has shape [input.size(-1)]. approximate: "none" (exact, erf) or "tanh", as torch.
     """
-    _tensor("bias_gelu", "input", input)
-    _tensor("bias_gelu", "bias", bias)
-    _approximate("bias_gelu", approximate)
-    return ops.bias_gelu_fwd.default(input, bias, approximate)
+    if (
+        not (isinstance(input, torch.Tensor) and isinstance(bias, torch.Tensor))
+        or type(approximate) is not str
+    ):
+        _tensor("bias_gelu", "input", input)
+        _tensor("bias_gelu", "bias", bias)
+        _approximate("bias_gelu", approximate)
+    return _bias_gelu_fwd(input, bias, approximate)
 
 
 def fused_mlp(
