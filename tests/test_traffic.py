@@ -114,6 +114,27 @@ def test_parse_ncu_raw_page_with_scaled_units():
     )
 
 
+def test_stalls_from_an_ncu_raw_page():
+    """A real capture (H100, the staged rms_norm forward, 4096x32768 bf16; bench/ncu_stalls.sh's
+    metrics, beside the ~300 device and launch columns ncu adds to a raw page)."""
+    text = (NCU.parent / "ncu-stalls" / "rms_norm_fwd-4096x32768-bf16-stalls.csv").read_text()
+    (k,) = traffic.stalls(text)
+    assert "staged_rows_kernel" in k["kernel"] and "NormFwdStaged" in k["kernel"]
+    assert k["us"] == pytest.approx(181.056)
+    assert (k["dram_pct"], k["issue_pct"], k["occupancy_pct"]) == (84.99, 48.16, 48.98)
+    assert k["registers"] == 62
+    assert k["stalls"][:2] == [("long_scoreboard", 6.53), ("barrier", 3.74)]
+    assert all(w >= 0.05 for _, w in k["stalls"])
+    table = traffic.stalls_table([k])
+    assert "long_scoreboard 6.53" in table and "181.1" in table
+
+
+def test_stalls_needs_its_metrics():
+    text = (NCU / "softmax_fwd-16384x8192-bf16-fused.csv").read_text()
+    with pytest.raises(ValueError, match="not in the CSV"):
+        traffic.stalls(text)
+
+
 def test_parse_ncu_errors():
     with pytest.raises(ValueError, match="no ncu CSV header"):
         traffic.parse_ncu_csv("==PROF== Disconnected\n")

@@ -8,10 +8,14 @@ the Nsight Compute measurement that checks it.
         one call of OP between cudaProfilerStart/Stop, for ncu --profile-from-start off
     python -m fusedops.tools.traffic compare DIR
         DIR/<op>-<rows>x<n>-<dtype>-<variant>.csv from ncu: measured bytes beside the model
+    python -m fusedops.tools.traffic stalls FILE
+        an ncu CSV of STALL_METRICS: per kernel, time, DRAM and issue use, occupancy, and
+        where its warps wait
 
-bench/ncu_traffic.sh runs the last two. The model assumes inputs much larger than the L2 cache
-(every full-size tensor an op touches crosses DRAM once per op), and vectors of N parameters or
-of one statistic per row read or written once per op. Fused: what the kernel's contract moves
+bench/ncu_traffic.sh runs `run` and `compare`; bench/ncu_stalls.sh runs `run` and `stalls`.
+The model assumes inputs much larger than the L2 cache (every full-size tensor an op touches
+crosses DRAM once per op), and vectors of N parameters or of one statistic per row read or
+written once per op. Fused: what the kernel's contract moves
 (statistics in fp32; the norm backward's per-block partial sums stay in L2 and are left out).
 Unfused: each step of the composition below reads its inputs and writes its output.
 """
@@ -260,7 +264,37 @@ def calls(
 # Nsight Compute's CSV
 
 _UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12}
+# Units whose values are taken as they are (ncu --print-units base).
+_PLAIN_UNITS = {"", "%", "ns", "inst", "warp", "block", "register/thread", "cycle"}
 DRAM_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+_STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+STALL_REASONS = (
+    "barrier",
+    "branch_resolving",
+    "dispatch_stall",
+    "drain",
+    "lg_throttle",
+    "long_scoreboard",
+    "math_pipe_throttle",
+    "membar",
+    "mio_throttle",
+    "misc",
+    "no_instruction",
+    "not_selected",
+    "selected",
+    "short_scoreboard",
+    "sleeping",
+    "tex_throttle",
+    "wait",
+)
+STALL_METRICS = (
+    "gpu__time_duration.sum",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "launch__registers_per_thread",
+    *(_STALL.format(r) for r in STALL_REASONS),
+)
 
 
 def _number(value: str, unit: str, metric: str) -> float:
@@ -269,11 +303,10 @@ def _number(value: str, unit: str, metric: str) -> float:
             f"fusedops.tools.traffic: ncu gave no value for {metric} ({value!r}): is the metric "
             "available on this GPU, and may this user read its counters?"
         )
-    if unit not in _UNITS:
-        raise ValueError(
-            f"fusedops.tools.traffic: unknown ncu unit {unit!r} (known: {', '.join(_UNITS)})"
-        )
-    return float(value.replace(",", "")) * _UNITS[unit]
+    if unit not in _UNITS and unit not in _PLAIN_UNITS:
+        known = ", ".join(repr(u) for u in (*_UNITS, *sorted(_PLAIN_UNITS)))
+        raise ValueError(f"fusedops.tools.traffic: unknown ncu unit {unit!r} (known: {known})")
+    return float(value.replace(",", "")) * _UNITS.get(unit, 1)
 
 
 def parse_ncu_csv(text: str) -> list[dict]:
@@ -297,9 +330,19 @@ def parse_ncu_csv(text: str) -> list[dict]:
             )
         return list(kernels.values())
     units, *rows = rows  # raw page: the first row holds each column's unit
-    metrics = [c for c in units if units[c]]
+
+    def numeric(metric: str, value: str) -> bool:  # unitless columns also hold names
+        return bool(units[metric]) or value.replace(",", "").replace(".", "", 1).isdigit()
+
     return [
-        {"kernel": r["Kernel Name"], "metrics": {m: _number(r[m], units[m], m) for m in metrics}}
+        {
+            "kernel": r["Kernel Name"],
+            "metrics": {
+                m: _number(v, units[m], m)
+                for m, v in r.items()
+                if "__" in m and units[m] in (*_UNITS, *_PLAIN_UNITS) and numeric(m, v)
+            },
+        }
         for r in rows
     ]
 
@@ -314,6 +357,47 @@ def dram_bytes(text: str) -> Traffic:
         )
     read, write = (round(sum(k["metrics"].get(m, 0) for k in kernels)) for m in DRAM_METRICS)
     return Traffic(read, write)
+
+
+def stalls(text: str) -> list[dict]:
+    """Per kernel of an ncu CSV holding STALL_METRICS: {"kernel", "us", "dram_pct", "issue_pct",
+    "occupancy_pct", "registers", "stalls": [(reason, warps waiting per issued instruction),
+    ...] largest first, those under 0.05 left out}."""
+    out = []
+    for k in parse_ncu_csv(text):
+        m = k["metrics"]
+        if missing := [name for name in STALL_METRICS if name not in m]:
+            raise ValueError(f"fusedops.tools.traffic.stalls: metric(s) {missing} not in the CSV")
+        waits = [(r, m[_STALL.format(r)]) for r in STALL_REASONS]
+        out.append(
+            {
+                "kernel": k["kernel"],
+                "us": m["gpu__time_duration.sum"] / 1e3,
+                "dram_pct": m["dram__throughput.avg.pct_of_peak_sustained_elapsed"],
+                "issue_pct": m["smsp__issue_active.avg.pct_of_peak_sustained_active"],
+                "occupancy_pct": m["sm__warps_active.avg.pct_of_peak_sustained_active"],
+                "registers": int(m["launch__registers_per_thread"]),
+                "stalls": sorted((w for w in waits if w[1] >= 0.05), key=lambda w: -w[1]),
+            }
+        )
+    return out
+
+
+def stalls_table(kernels: list[dict]) -> str:
+    lines = [
+        [
+            k["kernel"] if len(k["kernel"]) <= 60 else k["kernel"][:57] + "...",
+            f"{k['us']:.1f}",
+            f"{k['dram_pct']:.1f}",
+            f"{k['issue_pct']:.1f}",
+            f"{k['occupancy_pct']:.1f}",
+            str(k["registers"]),
+            " ".join(f"{r} {w:.2f}" for r, w in k["stalls"][:4]),
+        ]
+        for k in kernels
+    ]
+    head = ["kernel", "us", "DRAM %", "issue %", "occupancy %", "regs", "warps waiting on"]
+    return _table(head, lines)
 
 
 def compare(directory: str | Path) -> list[dict]:
@@ -423,11 +507,15 @@ def main(argv=None) -> None:
     run.add_argument("variant", choices=("fused", "unfused"))
     cmp = sub.add_parser("compare", help="ncu CSVs in DIR beside the model")
     cmp.add_argument("dir")
+    st = sub.add_parser("stalls", help="an ncu CSV of STALL_METRICS, summarized per kernel")
+    st.add_argument("file")
     args = ap.parse_args(argv)
     if args.command == "run":
         _run(args.op, args.shape, args.dtype, args.variant)
     elif args.command == "compare":
         print(compare_table(compare(args.dir)))
+    elif args.command == "stalls":
+        print(stalls_table(stalls(Path(args.file).read_text())))
     else:
         if bad := [op for op in args.ops.split(",") if op not in OPS]:
             ap.error(f"unknown op(s) {bad}; known: {', '.join(OPS)}")
