@@ -59,7 +59,7 @@ struct SoftmaxFwdStaged {
   using Args = typename SoftmaxFwd<T>::Args;
   // Fewer threads per row than the norms, and slices up to the shared-memory limit: measured on
   // an H100 (bf16, % of copy), 256 bytes per thread against 128: 1024x131072 87 / 80, 512x262144
-  // 83 / 78; fp32 512x262144 76 as 8 slices of 128 KB, 45 in the looping kernel.
+  // 83 / 78; fp32 512x262144 75 as 8 slices of 128 KB, 44 in the looping kernel.
   static constexpr int kBytesPerThread = 256;
   static constexpr bool kLongSlices = true;
 
