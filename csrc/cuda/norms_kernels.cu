@@ -344,24 +344,11 @@ struct NormFwdStaged {
                              Reduce&& reduce) {
     float mu = 0.f;
     if constexpr (!kRms) {
-      float s = 0.f;
-#pragma unroll 4
-      for (int p = sl.t; p < sl.packs; p += sl.n) {
-        float v[VEC];
-        widen(load_pack<T, VEC>(x + p * VEC), v);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) s += v[j];
-      }
-      mu = reduce(s, SumOp()) / a.cols;
+      auto value = [](float v) { return v; };
+      mu = reduce(row_stage::fold<VEC>(x, sl, 0.f, value, SumOp()), SumOp()) / a.cols;
     }
-    float q = 0.f;
-#pragma unroll 4
-    for (int p = sl.t; p < sl.packs; p += sl.n) {
-      float v[VEC];
-      widen(load_pack<T, VEC>(x + p * VEC), v);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) q += (v[j] - mu) * (v[j] - mu);
-    }
+    auto square = [mu](float v) { return (v - mu) * (v - mu); };
+    const float q = row_stage::fold<VEC>(x, sl, 0.f, square, SumOp());
     const float rs = acc_rsqrt(reduce(q, SumOp()) / a.cols + a.eps);
     if (sl.lead) {
       if constexpr (!kRms) a.mean[sl.row] = mu;

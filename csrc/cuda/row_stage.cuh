@@ -114,6 +114,20 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned b
 
 // ------------------------------------------------------------------ kernel
 
+// The op-fold of f(v) over the elements v (widened to float) of this thread's packs of its
+// slice, starting from init: one pass over the staged row.
+template <int VEC, typename T, typename F, typename Op>
+__device__ __forceinline__ float fold(const T* x, const Slice& sl, float init, F f, Op op) {
+  float acc = init;
+#pragma unroll 4
+  for (int p = sl.t; p < sl.packs; p += sl.n) {
+    const Pack<T, VEC> v = load_pack<T, VEC>(x + p * VEC);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) acc = op(acc, f(to_acc(v.v[k])));
+  }
+  return acc;
+}
+
 // Block b (rank q of cluster c when rows are split) takes rows c * teams ... c * teams + teams
 // - 1, or slice q of row c. Thread t of a team owns the packs t, t + n, ...: consecutive
 // 16-byte words across a warp, so shared-memory reads have no bank conflicts.

@@ -68,21 +68,12 @@ struct SoftmaxFwdStaged {
   template <typename Reduce>
   __device__ static void row(const Args& a, const T* x, const row_stage::Slice& sl,
                              Reduce&& reduce) {
-    float m = -INFINITY;
-#pragma unroll 4
-    for (int p = sl.t; p < sl.packs; p += sl.n) {
-      const Pack<T, VEC> v = load_pack<T, VEC>(x + p * VEC);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) m = fmaxf(m, to_acc(v.v[k]));
-    }
+    auto max = [](float u, float v) { return fmaxf(u, v); };
+    auto value = [](float v) { return v; };
+    const float m = row_stage::fold<VEC>(x, sl, -INFINITY, value, max);
     const float ref = exp_ref(m);
-    float s = 0.f;
-#pragma unroll 4
-    for (int p = sl.t; p < sl.packs; p += sl.n) {
-      const Pack<T, VEC> v = load_pack<T, VEC>(x + p * VEC);
-#pragma unroll
-      for (int k = 0; k < VEC; ++k) s += acc_exp(to_acc(v.v[k]) - ref);
-    }
+    auto shifted_exp = [ref](float v) { return acc_exp(v - ref); };
+    const float s = row_stage::fold<VEC>(x, sl, 0.f, shifted_exp, SumOp());
     const MaxSum<float> total = reduce(MaxSum<float>{m, s}, MaxSumOp());
     const float log_sum = logf(total.s), inv = 1.f / total.s;
 #pragma unroll 4
