@@ -40,4 +40,24 @@ int query_once(const void* owner, int a, int b, F&& query) {
   return cache.values.emplace(key, value).first->second;
 }
 
+// Opts `kernel` into all the dynamic shared memory a block may have beside its static shared
+// memory, once per device, and returns that amount (0 when the opt-in failed). Opting into each
+// plan's own size instead would let a later, smaller plan undo an earlier, larger one's opt-in.
+template <typename Kernel>
+int opt_in_smem(Kernel kernel, int max_smem_optin) {
+  return query_once(reinterpret_cast<const void*>(kernel), -1, 0, [&](int) {
+    cudaFuncAttributes attr{};
+    int most = 0;
+    if (cudaFuncGetAttributes(&attr, kernel) == cudaSuccess) {
+      most = max_smem_optin - static_cast<int>(attr.sharedSizeBytes);
+      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most) !=
+          cudaSuccess) {
+        most = 0;
+      }
+    }
+    cudaGetLastError();  // a failed query leaves no error behind
+    return most;
+  });
+}
+
 }  // namespace fusedops

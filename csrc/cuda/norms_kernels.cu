@@ -1,6 +1,7 @@
 // layer_norm / rms_norm forward and backward (kRms: rms_norm, i.e. mean 0 and no bias).
-// Forward on sm_90+, 16-byte-aligned rows of 8 KB and more: the staged row engine
-// (row_stage.cuh, NormFwdStaged below). Otherwise, and backward: each row belongs to a team of
+// On sm_90+, 16-byte-aligned rows of 8 KB and more: forward, the staged row engine
+// (row_stage.cuh, NormFwdStaged below); backward, persistent teams that stage the next rows in
+// shared memory (norm_bwd_staged_kernel). Otherwise: each row belongs to a team of
 // threads that holds it in registers, kPacks packs of VEC elements per thread (16-byte accesses
 // when VEC = kVec16<T>), so x is read once and y written once: a warp (short rows, several per
 // block, shuffles only), a block or part of one, or the blocks of a cluster (sm_90+, partial sums
@@ -571,6 +572,137 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
   }
 }
 
+// Backward on sm_90+ for 16-byte-aligned rows of 8 KB and more: a persistent team (a block, or
+// a cluster whose blocks each take a contiguous slice of the row) walks its rows with the next
+// kBwdStages - 1 rows' x and dy slices already on their way into shared memory (bulk copies
+// completing on an mbarrier per stage), so DRAM keeps serving this team while it reduces and
+// writes the current row; the register tiers above issue a row's loads only once the previous
+// row is done. Each thread owns kBwdStagedPacks packs of its block's slice (packs t and
+// t + blockDim.x): their weights and dweight/dbias sums live in registers, and at the end the
+// thread writes its columns of the team's partial row. Numerics as norm_bwd_kernel.
+// Measured on an H100 (% of copy, layer_norm / rms_norm, against the register tiers in another
+// run): bf16 rows one block holds, 16384x4096: 80-89 / 92 (83 / 87; layer_norm's GPU time there
+// is close to a backward call's host cost; 94.7 at 32768x4096); fp32 in clusters of 2 and 4
+// blocks, 4096 and 8192 columns: 88.6 / 89.8 and 86.8 / 88.5 (85 and 84 for layer_norm).
+// Clusters pay a barrier per row and take the kernel only where four or more of their blocks
+// share an SM, so that some block always has work: bf16 layer_norm (126 registers, two blocks
+// per SM) ran 2-block clusters at 70 / 72 (81 / 86), and clusters of 8-16 blocks of 512 threads
+// at 32768-131072 columns 60-75 (71-90). Capping registers to fit more blocks spilled and lost
+// more: bf16 at 80 registers, 16384x4096, 74 / 77.
+constexpr int kBwdStages = 2;
+constexpr int kBwdStagedPacks = 2;
+constexpr int kBwdStagedThreads = 256;      // per block
+constexpr int kBwdStagedRanks = 4;          // blocks per cluster, at most,
+constexpr int kBwdStagedClusterBlocks = 4;  // ... and only with this many blocks per SM
+
+template <typename T, typename W, bool kRms, int VEC>
+__global__ void __launch_bounds__(kBwdStagedThreads)
+    norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
+  __shared__ uint64_t landed[kBwdStages];
+  __shared__ float2 scratch[kWarp], exch[2];
+  constexpr int kPacks = kBwdStagedPacks;
+  const Team team = make_team<false>(blockDim.x);
+  const int rank = team.t / blockDim.x, tid = threadIdx.x;
+  const int64_t cols = a.cols;
+  const int slice_packs = static_cast<int>(cols / VEC / team.ranks);
+  const unsigned slice_bytes = unsigned(slice_packs) * unsigned(VEC * sizeof(T));
+  const int64_t col0 = int64_t(rank) * slice_packs * VEC;
+  const int64_t first = blockIdx.x / team.ranks, step = gridDim.x / team.ranks;
+  auto stage = [&](int s) { return reinterpret_cast<T*>(staged + 2 * s * size_t(slice_bytes)); };
+  auto fetch = [&](int64_t row, int s) {  // thread 0: x and dy slices of `row` into stage s
+    row_stage::mbar_arrive_expect(&landed[s], 2 * slice_bytes);
+    row_stage::bulk_load(stage(s), a.x + row * cols + col0, slice_bytes, &landed[s]);
+    row_stage::bulk_load(stage(s) + slice_packs * VEC, a.dy + row * cols + col0, slice_bytes,
+                         &landed[s]);
+  };
+  if (tid == 0) {
+    for (int s = 0; s < kBwdStages; ++s) row_stage::mbar_init(&landed[s]);
+    row_stage::fence_mbar_init();
+    for (int s = 0; s < kBwdStages && first + s * step < a.rows; ++s) fetch(first + s * step, s);
+  }
+  float wv[kPacks][VEC], dw[kPacks][VEC] = {}, db[kPacks][VEC] = {};
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int p = tid + k * blockDim.x;
+    if (a.w != nullptr && p < slice_packs) {
+      load_acc<VEC>(a.w + col0 + p * VEC, wv[k]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) wv[k][j] = 1.f;
+    }
+  }
+  __syncthreads();  // the barriers are initialized before anyone waits on them
+
+  int parity = 0, i = 0;
+  for (int64_t row = first; row < a.rows; row += step, ++i) {
+    const int s = i % kBwdStages;
+    const float mu = kRms ? 0.f : a.mean[row], rs = a.rstd[row];
+    row_stage::mbar_wait(&landed[s], (i / kBwdStages) & 1);
+    Pack<T, VEC> x[kPacks], dy[kPacks];
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int p = tid + k * blockDim.x;
+      if (p < slice_packs) {
+        x[k] = load_pack<T, VEC>(stage(s) + p * VEC);
+        dy[k] = load_pack<T, VEC>(stage(s) + (slice_packs + p) * VEC);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) x[k].v[j] = dy[k].v[j] = from_acc<T>(0.f);  // adds 0
+      }
+    }
+    __syncthreads();  // stage s is in registers: refill it with a later row
+    const int64_t next = row + kBwdStages * step;
+    if (tid == 0 && next < a.rows) fetch(next, s);
+
+    auto xh_dy = [&](int k, float(&xh)[VEC], float(&d)[VEC]) {
+      widen(x[k], xh);
+      widen(dy[k], d);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) xh[j] = (xh[j] - mu) * rs;
+    };
+    float2 sum{0.f, 0.f};
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      float xh[VEC], d[VEC];
+      xh_dy(k, xh, d);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        sum.x += d[j] * wv[k][j];
+        sum.y += d[j] * wv[k][j] * xh[j];
+        dw[k][j] += d[j] * xh[j];
+        if constexpr (!kRms) db[k][j] += d[j];
+      }
+    }
+    if (a.dx == nullptr) continue;  // uniform over the grid
+    sum = team_allreduce<false>(sum, Sum2Op(), team, scratch, exch, parity);
+    const float c1 = kRms ? 0.f : sum.x / cols, c2 = sum.y / cols;
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int p = tid + k * blockDim.x;
+      if (p < slice_packs) {
+        float xh[VEC], d[VEC], out[VEC];
+        xh_dy(k, xh, d);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out[j] = rs * (d[j] * wv[k][j] - c1 - xh[j] * c2);
+        store_acc<VEC>(a.dx + row * cols + col0 + p * VEC, out);
+      }
+    }
+  }
+  team_exit(team);
+  const int64_t part_row = int64_t(blockIdx.x / team.ranks) * part.ld + col0;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int p = tid + k * blockDim.x;
+    if (p >= slice_packs) continue;
+    if (part.dw != nullptr) store_acc<VEC>(part.dw + part_row + p * VEC, dw[k]);
+    if constexpr (!kRms) {
+      if (part.db != nullptr) store_acc<VEC>(part.db + part_row + p * VEC, db[k]);
+    }
+  }
+#endif
+}
 // Backward for rows that don't fit in registers: a block per row. Pass 1 reduces sum(g) and
 // sum(g * xh); pass 2 re-reads x and dy (mostly from L2), writes dx and adds into the block's
 // own partial rows in global memory (zeroed by the launcher; one writer per element).
@@ -799,16 +931,13 @@ struct BwdPlan {
 };
 
 // Blocks (clusters) of p's kernel and launch shape that fit on the device at once, after opting
-// the kernel into its shared memory and cluster size; 0 when such a cluster can't run at all.
-// Asked of the driver once per device (query_once): the shared memory depends on the threads.
+// the kernel into shared memory and its cluster size; 0 when such a cluster can't run at all.
+// Asked of the driver once per device and shape (query_once).
 template <typename T, typename W>
 int bwd_resident(const BwdPlan<T, W>& p, const DeviceInfo& info) {
   const LaunchShape& l = p.shape;
   auto query = [&](int) {
-    if (l.smem > kDefaultSmem &&
-        cudaFuncSetAttribute(p.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(l.smem)) != cudaSuccess) {
-      cudaGetLastError();
+    if (l.smem > kDefaultSmem && l.smem > size_t(opt_in_smem(p.kernel, info.max_smem_optin))) {
       return 0;
     }
     int fit = 0;
@@ -834,7 +963,8 @@ int bwd_resident(const BwdPlan<T, W>& p, const DeviceInfo& info) {
     if (fit < 1 && l.ranks <= kMaxClusterRanks) fit = std::max(1, info.sm_count / l.ranks);
     return std::max(fit, 0);
   };
-  return query_once(reinterpret_cast<const void*>(p.kernel), l.threads, l.ranks, query);
+  return query_once(reinterpret_cast<const void*>(p.kernel), static_cast<int>(l.smem),
+                    l.threads * 32 + l.ranks, query);
 }
 
 // As many blocks (clusters) as fit on the device at once, each writing one partial row; fewer
@@ -850,11 +980,35 @@ bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
   return true;
 }
 
-// Warp teams for short rows, then block and cluster teams (x and dy in registers), then the
-// looping kernel.
+// The staged backward's team: a block of up to kBwdStagedThreads, or the fewest blocks of a
+// cluster of up to kBwdStagedRanks that hold the row where kBwdStagedClusterBlocks of them fit
+// on an SM. No kernel before sm_90, for rows under 8 KB or that no such team holds, or where
+// the row doesn't split into equal slices.
+template <typename T, typename W, bool kRms, int VEC>
+BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
+  if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < row_stage::kMinRowBytes) return {};
+  const TeamShape s =
+      team_shape(a.cols, VEC, {kBwdStagedPacks}, kBwdStagedThreads, kBwdStagedRanks);
+  if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
+  const size_t smem = size_t(kBwdStages) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
+  const BwdPlan<T, W> p{
+      norm_bwd_staged_kernel<T, W, kRms, VEC>, {0, s.threads, smem, s.ranks}, s.threads, false, 0};
+  BwdPlan<T, W> alone = p;  // its blocks per SM (times the SMs), clusters aside
+  alone.shape.ranks = 1;
+  if (s.ranks > 1 && bwd_resident(alone, info) < kBwdStagedClusterBlocks * info.sm_count) return {};
+  return p;
+}
+
+// The staged kernel on sm_90+, then warp teams for short rows, block and cluster teams (x and
+// dy in registers), then the looping kernel.
 template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   BwdPlan<T, W> p{};
+  if constexpr (kRegisterTiers<T> && VEC > 1) {
+    p = staged_bwd_plan<T, W, kRms, VEC>(a, info);
+    if (p.kernel != nullptr && size_bwd_grid(p, a.rows, info)) return p;
+    p = {};
+  }
   if constexpr (kRegisterTiers<T>) {
     constexpr int kPacks = VEC > 1 ? 16 / VEC : kBwdScalars;
     constexpr int kLongPacks = VEC > 1 ? kBwdLongElems / VEC : kBwdScalars;

@@ -240,17 +240,10 @@ Plan plan(int64_t rows, int64_t cols, int vec, const DeviceInfo& dev) {
 }
 
 // Whether `ranks`-block clusters of this kernel with `smem` bytes of dynamic shared memory each
-// can run. The kernel is first opted into the most any plan uses (an opt-in to one plan's size
-// would fail a later, larger one). Asked once per device and size.
+// can run. Asked once per device and size.
 template <auto kKernel>
 bool can_run(int smem, int ranks, int threads, const DeviceInfo& dev) {
-  const int opted = query_once(reinterpret_cast<const void*>(kKernel), -1, 0, [&](int) {
-    const int most = dev.max_smem_optin - kStaticSmem;
-    const bool ok = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         most) == cudaSuccess;
-    cudaGetLastError();
-    return ok ? most : 0;
-  });
+  const int opted = opt_in_smem(kKernel, dev.max_smem_optin);
   if (smem > opted) return false;
   if (ranks == 1) return true;
   return query_once(reinterpret_cast<const void*>(kKernel), smem * 16 + ranks, threads, [&](int) {
