@@ -250,12 +250,16 @@ struct CpuNorms {
     const at::Tensor x = input.contiguous(), dy = grad_out.contiguous();
     at::Tensor dx = output_mask[0] ? at::empty_like(x) : at::Tensor();
     const at::ScalarType acc = norm_stat_dtype(input);
-    const int64_t chunks =
-        std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(p.rows, 1));
-    at::Tensor dw_part =
-        need_dw ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
-    at::Tensor db_part =
-        need_db ? at::zeros({chunks, p.cols}, x.options().dtype(acc)) : at::Tensor();
+    // A partial row per chunk of rows: one per thread, but no more than tasks of kGrainElems
+    // (tiny inputs run on the calling thread, without waking the pool).
+    const int64_t tasks = std::max<int64_t>(1, (p.rows * p.cols + kGrainElems - 1) / kGrainElems);
+    const int64_t chunks = std::clamp<int64_t>(std::min<int64_t>(at::get_num_threads(), tasks), 1,
+                                               std::max<int64_t>(p.rows, 1));
+    // dweight's partial rows, then dbias's, in one zeroed allocation.
+    const at::Tensor parts = need_dw || need_db
+                                 ? at::zeros({int64_t(need_dw) + int64_t(need_db), chunks, p.cols},
+                                             x.options().dtype(acc))
+                                 : at::Tensor();
     const at::Tensor w = contiguous_or_undefined(weight), b = contiguous_or_undefined(bias);
     std::optional<at::Tensor> dw, db;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "norm_bwd_cpu", [&] {
@@ -263,20 +267,23 @@ struct CpuNorms {
         using T = std::remove_pointer_t<decltype(t_tag)>;
         using W = std::remove_pointer_t<decltype(w_tag)>;
         using A = acc_t<T>;
+        A* dw_part = need_dw ? parts.mutable_data_ptr<A>() : nullptr;
+        A* db_part =
+            need_db ? parts.mutable_data_ptr<A>() + (need_dw ? chunks * p.cols : 0) : nullptr;
         if (x.numel() > 0) {
           const at::Tensor mean_c = mean != nullptr ? mean->contiguous() : at::Tensor();
           const at::Tensor rstd_c = rstd.contiguous();
-          norm_bwd_rows<T, W, kRms>(
-              dy.const_data_ptr<T>(), x.const_data_ptr<T>(), ptr_or_null<A>(mean_c),
-              rstd_c.const_data_ptr<A>(), ptr_or_null<W>(w), mut_ptr_or_null<T>(dx),
-              mut_ptr_or_null<A>(dw_part), mut_ptr_or_null<A>(db_part), p.rows, p.cols, chunks);
+          norm_bwd_rows<T, W, kRms>(dy.const_data_ptr<T>(), x.const_data_ptr<T>(),
+                                    ptr_or_null<A>(mean_c), rstd_c.const_data_ptr<A>(),
+                                    ptr_or_null<W>(w), mut_ptr_or_null<T>(dx), dw_part, db_part,
+                                    p.rows, p.cols, chunks);
         }
         // A parameter's gradient, in its dtype: its partial rows summed in chunk order.
-        auto reduce = [&](const at::Tensor& part, const at::Tensor& param) {
+        auto reduce = [&](const A* part, const at::Tensor& param) {
           std::optional<at::Tensor> none;
-          if (!part.defined()) return none;
+          if (part == nullptr) return none;
           at::Tensor sum = at::empty(normalized_shape, param.options());
-          sum_partials(part.const_data_ptr<A>(), sum.mutable_data_ptr<W>(), chunks, p.cols);
+          sum_partials(part, sum.mutable_data_ptr<W>(), chunks, p.cols);
           return std::optional<at::Tensor>(sum);
         };
         dw = reduce(dw_part, w);
