@@ -585,7 +585,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
 // is close to a backward call's host cost; 94.7 at 32768x4096); fp32 in clusters of 2 and 4
 // blocks, 4096 and 8192 columns: 88.6 / 89.8 and 86.8 / 88.5 (85 and 84 for layer_norm).
 // Clusters pay a barrier per row and take the kernel only where four or more of their blocks
-// share an SM, so that some block always has work: bf16 layer_norm (126 registers, two blocks
+// share an SM, so that some block always has work: bf16 layer_norm (124 registers, two blocks
 // per SM) ran 2-block clusters at 70 / 72 (81 / 86), and clusters of 8-16 blocks of 512 threads
 // at 32768-131072 columns 60-75 (71-90). Capping registers to fit more blocks spilled and lost
 // more: bf16 at 80 registers, 16384x4096, 74 / 77.
@@ -703,6 +703,7 @@ __global__ void __launch_bounds__(kBwdStagedThreads)
   }
 #endif
 }
+
 // Backward for rows that don't fit in registers: a block per row. Pass 1 reduces sum(g) and
 // sum(g * xh); pass 2 re-reads x and dy (mostly from L2), writes dx and adds into the block's
 // own partial rows in global memory (zeroed by the launcher; one writer per element).
