@@ -279,15 +279,15 @@ struct CpuNorms {
                                     p.rows, p.cols, chunks);
         }
         // A parameter's gradient, in its dtype: its partial rows summed in chunk order.
-        auto reduce = [&](const A* part, const at::Tensor& param) {
+        auto reduce = [&](bool need, const A* part, const at::Tensor& param) {
           std::optional<at::Tensor> none;
-          if (part == nullptr) return none;
+          if (!need) return none;  // (part is null when the rows have no columns)
           at::Tensor sum = at::empty(normalized_shape, param.options());
           sum_partials(part, sum.mutable_data_ptr<W>(), chunks, p.cols);
           return std::optional<at::Tensor>(sum);
         };
-        dw = reduce(dw_part, w);
-        db = reduce(db_part, b);
+        dw = reduce(need_dw, dw_part, w);
+        db = reduce(need_db, db_part, b);
       };
       with_norm_param_type<scalar_t>(norm_param_dtype(w, b), run);
     });
