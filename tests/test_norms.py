@@ -270,6 +270,15 @@ def test_double_backward_raises(op):
     y = _call(_fused(op), op, x, [8], None, None, 1e-5)
     with pytest.raises(RuntimeError, match=f"fusedops.{op}: double backward is not supported"):
         torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)
+    # The backward op itself, called with an argument that requires grad: it has no derivative.
+    x = x.detach()
+    dy = torch.randn_like(x, requires_grad=True)
+    rstd = torch.ones(3)
+    with pytest.raises(RuntimeError, match=f"fusedops.{op}_backward: double backward"):
+        if op == "layer_norm":
+            ops.layer_norm_bwd(dy, x, [8], torch.zeros(3), rstd, None, None, [True, False, False])
+        else:
+            ops.rms_norm_bwd(dy, x, [8], rstd, None, [True, False])
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -171,6 +171,32 @@ std::tuple<Tensor, Tensor> rms_norm_fwd_autograd(const Tensor& input, IntArrayRe
   return {r[0], r[1]};
 }
 
+// The backward ops' Autograd kernels: straight to the backend below the Autograd key, unboxed.
+// Without them torch's boxed autograd fallback ran on every call (the arguments boxed into a
+// stack and unboxed again). The backward ops have no derivative: recording one is an error.
+std::tuple<OptTensor, OptTensor, OptTensor> layer_norm_bwd_autograd(
+    const Tensor& grad_out, const Tensor& input, IntArrayRef normalized_shape, const Tensor& mean,
+    const Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
+    std::array<bool, 3> output_mask) {
+  TORCH_CHECK(autograd_records_nothing(grad_out, input, mean, rstd, weight, bias),
+              "fusedops.layer_norm_backward: double backward is not supported (an argument "
+              "requires grad)");
+  const at::AutoDispatchBelowADInplaceOrView guard;
+  return layer_norm_bwd_op(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+                           output_mask);
+}
+
+std::tuple<OptTensor, OptTensor> rms_norm_bwd_autograd(const Tensor& grad_out, const Tensor& input,
+                                                       IntArrayRef normalized_shape,
+                                                       const Tensor& rstd, const OptTensor& weight,
+                                                       std::array<bool, 2> output_mask) {
+  TORCH_CHECK(autograd_records_nothing(grad_out, input, rstd, weight),
+              "fusedops.rms_norm_backward: double backward is not supported (an argument "
+              "requires grad)");
+  const at::AutoDispatchBelowADInplaceOrView guard;
+  return rms_norm_bwd_op(grad_out, input, normalized_shape, rstd, weight, output_mask);
+}
+
 // torch's "fp32" autocast policy where it has one for the op: every floating argument on `D` but
 // fp64 runs as fp32, so the output is fp32 too.
 template <c10::DeviceType D>
@@ -210,6 +236,8 @@ void register_autocast(torch::Library& m) {
 TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
   m.impl("layer_norm_fwd", &layer_norm_fwd_autograd);
   m.impl("rms_norm_fwd", &rms_norm_fwd_autograd);
+  m.impl("layer_norm_bwd", &layer_norm_bwd_autograd);
+  m.impl("rms_norm_bwd", &rms_norm_bwd_autograd);
 }
 
 FUSEDOPS_AUTOCAST_IMPL(register_autocast)
