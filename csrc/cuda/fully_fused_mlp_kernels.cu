@@ -135,36 +135,12 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-// The erf GELU's Phi(x) = 0.5 * erfc(-x / sqrt(2)), from an erfc with a relative error below
-// 1.2e-7 for z >= 0 (a Chebyshev fit: one exp, one reciprocal, no branch; erff branches between
-// two forms, and a warp whose values straddle them runs both). The error is far below the
-// fp16/bf16 rounding of every value this kernel writes.
-__device__ __forceinline__ float erfc_nonneg(float z) {
-  const float t = __fdividef(1.f, fmaf(0.5f, z, 1.f));
-  float p = 0.17087277f;
-  p = fmaf(p, t, -0.82215223f);
-  p = fmaf(p, t, 1.48851587f);
-  p = fmaf(p, t, -1.13520398f);
-  p = fmaf(p, t, 0.27886807f);
-  p = fmaf(p, t, -0.18628806f);
-  p = fmaf(p, t, 0.09678418f);
-  p = fmaf(p, t, 0.37409196f);
-  p = fmaf(p, t, 1.00002368f);
-  p = fmaf(p, t, -1.26551223f);
-  return t * __expf(fmaf(-z, z, p));
-}
-
-__device__ __forceinline__ float normal_cdf(float x) {
-  const float half_tail = 0.5f * erfc_nonneg(fabsf(x) * float(kSqrt1_2));
-  return x > 0.f ? 1.f - half_tail : half_tail;
-}
-
 __device__ __forceinline__ float activate(MlpActivation act, float v) {
   switch (act) {
     case MlpActivation::kRelu:
       return v < 0.f ? 0.f : v;  // NaN stays NaN, as in torch.relu
     case MlpActivation::kGelu:
-      return v * normal_cdf(v);
+      return gelu_erf_fast(v);
     case MlpActivation::kGeluTanh:
       return gelu_tanh(v);
     default:
@@ -179,7 +155,7 @@ __device__ __forceinline__ float activate_grad(MlpActivation act, float src) {
     case MlpActivation::kRelu:
       return src > 0.f ? 1.f : 0.f;
     case MlpActivation::kGelu:
-      return fmaf(src * float(kInvSqrt2Pi), __expf(-0.5f * src * src), normal_cdf(src));
+      return gelu_erf_grad_fast(src);
     case MlpActivation::kGeluTanh:
       return gelu_tanh_grad(src);
     default:
