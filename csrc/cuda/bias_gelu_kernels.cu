@@ -60,24 +60,15 @@ bool use_vec(int64_t cols, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// GELU and GELU' in acc_t<T>: fp16/bf16 take math.h's branch-free erf, whose error (< 1.2e-7
+// GELU (kGrad: GELU') in acc_t<T>: fp16/bf16 take math.h's branch-free erf, whose error (< 1.2e-7
 // relative) their rounding hides and which needs fewer instructions than erff (this kernel was
 // issue-bound with erff on an H200); fp32 and fp64 keep erff / erf.
-template <typename T, GeluApprox kApprox>
+template <typename T, GeluApprox kApprox, bool kGrad>
 __device__ __forceinline__ acc_t<T> gelu_of(acc_t<T> v) {
   if constexpr (kApprox == GeluApprox::kNone && sizeof(T) == 2) {
-    return gelu_erf_fast(v);
+    return kGrad ? gelu_erf_grad_fast(v) : gelu_erf_fast(v);
   } else {
-    return gelu<kApprox>(v);
-  }
-}
-
-template <typename T, GeluApprox kApprox>
-__device__ __forceinline__ acc_t<T> gelu_grad_of(acc_t<T> v) {
-  if constexpr (kApprox == GeluApprox::kNone && sizeof(T) == 2) {
-    return gelu_erf_grad_fast(v);
-  } else {
-    return gelu_grad<kApprox>(v);
+    return kGrad ? gelu_grad<kApprox>(v) : gelu<kApprox>(v);
   }
 }
 
@@ -118,7 +109,7 @@ __global__ void __launch_bounds__(kThreads)
       if (r < rows) {
         acc_t<T> out[VEC];
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = gelu_of<T, kApprox>(to_acc(v[u].v[j]) + b[j]);
+        for (int j = 0; j < VEC; ++j) out[j] = gelu_of<T, kApprox, false>(to_acc(v[u].v[j]) + b[j]);
         store_pack<T, VEC>(y + r * cols + col, pack_from_acc<T, VEC>(out));
       }
     }
@@ -165,7 +156,7 @@ __global__ void __launch_bounds__(kThreads)
           Acc d[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            d[j] = to_acc(g[u].v[j]) * gelu_grad_of<T, kApprox>(to_acc(v[u].v[j]) + b[j]);
+            d[j] = to_acc(g[u].v[j]) * gelu_of<T, kApprox, true>(to_acc(v[u].v[j]) + b[j]);
             sum[j] += d[j];  // unrounded: dbias sums the exact per-element gradients
           }
           store_pack<T, VEC>(dx + r * cols + col, pack_from_acc<T, VEC>(d));
