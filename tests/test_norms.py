@@ -417,6 +417,24 @@ def test_cuda_kernel_tiers(dtype, cols, op):
 
 
 @cuda_only
+@pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 40000), (torch.float32, 8192)], ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_backward_weight_grad_only(dtype, cols, op):
+    """dweight / dbias with no dx: cluster teams (bf16 40000; fp32 8192 on sm_90+) that reduce
+    nothing across their blocks must still start and finish together."""
+    x = torch.randn(64, cols, dtype=dtype, device="cuda")
+    w, b = _params(op, "same", cols, dtype, "cuda")
+    params = [t.requires_grad_() for t in (w, b) if t is not None]
+    dy = torch.randn_like(x)
+    grads = torch.autograd.grad(_call(_fused(op), op, x, [cols], w, b, 1e-5), params, dy)
+    ref = [t.detach().double().requires_grad_() for t in params]
+    rw, rb = ref if op == "layer_norm" else (ref[0], None)
+    yr = _call(_torch(op), op, x.double(), [cols], rw, rb, 1e-5)
+    for ours, want in zip(grads, torch.autograd.grad(yr, ref, dy.double()), strict=True):
+        torch.testing.assert_close(ours.double(), want, rtol=2e-2, atol=2e-2 * want.abs().max())
+
+
+@cuda_only
 @pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 4096), (torch.float32, 2048)], ids=str)
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_rows_grouped_per_block(dtype, cols, op):

@@ -31,6 +31,7 @@
 #include "common/vec.cuh"
 #include "cuda/norms_kernels.h"
 #include "cuda/row_stage.cuh"
+#include "cuda/sm90.cuh"
 
 namespace fusedops {
 namespace {
@@ -131,13 +132,11 @@ __device__ __forceinline__ int64_t team_row_step(const Team& team) {
 }
 
 // All-reduce over a team; every thread of the block (of the cluster) must call it. scratch: 32
-// slots of shared memory; exch: 2 slots, used by turns (`parity`) by a cluster's exchanges, so
-// one cluster barrier per exchange suffices: a block rewrites a slot only after the next
-// exchange's barrier, which every block reaches after reading the slot. The order of additions
-// is fixed: deterministic.
+// slots of shared memory; a cluster team's blocks then exchange their totals through `cluster`.
+// The order of additions is fixed: deterministic.
 template <bool kWarpRow, typename V, typename Op>
-__device__ __forceinline__ V team_allreduce(V v, Op op, const Team& team, V* scratch, V* exch,
-                                            int& parity) {
+__device__ __forceinline__ V team_allreduce(V v, Op op, const Team& team, V* scratch,
+                                            sm90::ClusterExchange& cluster) {
   v = group_allreduce<kWarp>(v, op);
   if constexpr (!kWarpRow) {
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -147,25 +146,14 @@ __device__ __forceinline__ V team_allreduce(V v, Op op, const Team& team, V* scr
     v = lane < warps ? scratch[warp / warps * warps + lane] : Op::template identity<V>();
     v = group_allreduce<kWarp>(v, op);
     __syncthreads();  // scratch is rewritten by the next reduction
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (team.ranks > 1) {
-      const cg::cluster_group cluster = cg::this_cluster();
-      if (threadIdx.x == 0) exch[parity] = v;
-      cluster.sync();
-      v = Op::template identity<V>();
-      for (int q = 0; q < team.ranks; ++q) v = op(v, *cluster.map_shared_rank(&exch[parity], q));
-      parity ^= 1;
-    }
-#endif
+    v = cluster.exchange(v, op);
   }
   return v;
 }
 
-// A cluster team's blocks keep their shared memory until every block has read it.
-__device__ __forceinline__ void team_exit(const Team& team) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (team.ranks > 1) cg::this_cluster().sync();
-#endif
+// This block's rank in its team's cluster (0 unless the team spans one).
+__device__ __forceinline__ int cluster_rank(const Team& team) {
+  return team.t / static_cast<int>(blockDim.x);
 }
 
 // VEC elements at p widened to A (fp32, or fp64 for fp64), moved in accesses of at most 16 bytes
@@ -263,11 +251,12 @@ constexpr int fwd_max_threads(int packs) { return packs <= kFwdPacks ? 1024 : 51
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
 __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
     norm_fwd_kernel(NormFwdArgs<T, W> a, int group) {
-  __shared__ float scratch[kWarp], exch[2];
+  __shared__ float scratch[kWarp];
   const Team team = make_team<kWarpRow>(group);
+  __shared__ sm90::Mailbox mailbox;
+  sm90::ClusterExchange cluster(mailbox, team.ranks, cluster_rank(team));
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
-  int parity = 0;
   for (int64_t base = team_first_row(team); base < a.rows; base += team_row_step(team)) {
     const int64_t row = base + team.index;
     const bool valid = row < a.rows;
@@ -292,7 +281,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) s += v[j];
       }
-      mu = team_allreduce<kWarpRow>(s, SumOp(), team, scratch, exch, parity) / cols;
+      mu = team_allreduce<kWarpRow>(s, SumOp(), team, scratch, cluster) / cols;
     }
     float q = 0.f;
 #pragma unroll
@@ -304,7 +293,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
         for (int j = 0; j < VEC; ++j) q += (v[j] - mu) * (v[j] - mu);
       }
     }
-    q = team_allreduce<kWarpRow>(q, SumOp(), team, scratch, exch, parity);
+    q = team_allreduce<kWarpRow>(q, SumOp(), team, scratch, cluster);
     const float rs = acc_rsqrt(q / cols + a.eps);
     if (!valid) continue;  // after the last barrier of this iteration
     if (t == 0) {
@@ -322,7 +311,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
       }
     }
   }
-  team_exit(team);
+  cluster.close();
 }
 
 // Forward through the staged row engine (row_stage.cuh, sm_90+): the numerics of
@@ -461,9 +450,11 @@ template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
 __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
     norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
   extern __shared__ float4 acc_smem[];  // BwdAcc<VEC, kPacks>::floats(blockDim.x) per sum
-  __shared__ float2 scratch[kWarp], exch[2];
+  __shared__ float2 scratch[kWarp];
   using Acc = BwdAcc<VEC, kPacks>;
   const Team team = make_team<kWarpRow>(part.group);
+  __shared__ sm90::Mailbox mailbox;
+  sm90::ClusterExchange cluster(mailbox, team.ranks, cluster_rank(team));
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
   float* dw_acc = reinterpret_cast<float*>(acc_smem);
@@ -474,7 +465,6 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
     Acc::store(dw_acc, p, zero);
     if constexpr (!kRms) Acc::store(db_acc, p, zero);
   }
-  int parity = 0;
   for (int64_t base = team_first_row(team); base < a.rows; base += team_row_step(team)) {
     const int64_t row = base + team.index;
     const bool valid = row < a.rows;
@@ -531,7 +521,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
       }
     }
     if (a.dx == nullptr) continue;  // uniform over the grid: no barrier is skipped unevenly
-    s = team_allreduce<kWarpRow>(s, Sum2Op(), team, scratch, exch, parity);
+    s = team_allreduce<kWarpRow>(s, Sum2Op(), team, scratch, cluster);
     if (!valid) continue;
     const float c1 = kRms ? 0.f : s.x / cols, c2 = s.y / cols;
 #pragma unroll
@@ -547,7 +537,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
       }
     }
   }
-  team_exit(team);
+  cluster.close();
   // Partial row blockIdx.x / ranks: one per block, or one per cluster (its blocks own disjoint
   // columns). Column c of the block's team r is pack c / (g * VEC), element c % VEC of thread
   // r * g + (c / VEC) % g; the teams are added in order r = 0, 1, ...
@@ -601,10 +591,12 @@ __global__ void __launch_bounds__(kBwdStagedThreads)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
   __shared__ uint64_t landed[kBwdStages];
-  __shared__ float2 scratch[kWarp], exch[2];
+  __shared__ float2 scratch[kWarp];
   constexpr int kPacks = kBwdStagedPacks;
   const Team team = make_team<false>(blockDim.x);
-  const int rank = team.t / blockDim.x, tid = threadIdx.x;
+  __shared__ sm90::Mailbox mailbox;
+  sm90::ClusterExchange cluster(mailbox, team.ranks, cluster_rank(team));
+  const int rank = cluster_rank(team), tid = threadIdx.x;
   const int64_t cols = a.cols;
   const int slice_packs = static_cast<int>(cols / VEC / team.ranks);
   const unsigned slice_bytes = unsigned(slice_packs) * unsigned(VEC * sizeof(T));
@@ -612,14 +604,14 @@ __global__ void __launch_bounds__(kBwdStagedThreads)
   const int64_t first = blockIdx.x / team.ranks, step = gridDim.x / team.ranks;
   auto stage = [&](int s) { return reinterpret_cast<T*>(staged + 2 * s * size_t(slice_bytes)); };
   auto fetch = [&](int64_t row, int s) {  // thread 0: x and dy slices of `row` into stage s
-    row_stage::mbar_arrive_expect(&landed[s], 2 * slice_bytes);
-    row_stage::bulk_load(stage(s), a.x + row * cols + col0, slice_bytes, &landed[s]);
-    row_stage::bulk_load(stage(s) + slice_packs * VEC, a.dy + row * cols + col0, slice_bytes,
-                         &landed[s]);
+    sm90::mbar_arrive_expect(&landed[s], 2 * slice_bytes);
+    sm90::bulk_load(stage(s), a.x + row * cols + col0, slice_bytes, &landed[s]);
+    sm90::bulk_load(stage(s) + slice_packs * VEC, a.dy + row * cols + col0, slice_bytes,
+                    &landed[s]);
   };
   if (tid == 0) {
-    for (int s = 0; s < kBwdStages; ++s) row_stage::mbar_init(&landed[s]);
-    row_stage::fence_mbar_init();
+    for (int s = 0; s < kBwdStages; ++s) sm90::mbar_init(&landed[s]);
+    sm90::fence_mbar_init();
     for (int s = 0; s < kBwdStages && first + s * step < a.rows; ++s) fetch(first + s * step, s);
   }
   float wv[kPacks][VEC], dw[kPacks][VEC] = {}, db[kPacks][VEC] = {};
@@ -635,11 +627,11 @@ __global__ void __launch_bounds__(kBwdStagedThreads)
   }
   __syncthreads();  // the barriers are initialized before anyone waits on them
 
-  int parity = 0, i = 0;
+  int i = 0;
   for (int64_t row = first; row < a.rows; row += step, ++i) {
     const int s = i % kBwdStages;
     const float mu = kRms ? 0.f : a.mean[row], rs = a.rstd[row];
-    row_stage::mbar_wait(&landed[s], (i / kBwdStages) & 1);
+    sm90::mbar_wait(&landed[s], (i / kBwdStages) & 1);
     Pack<T, VEC> x[kPacks], dy[kPacks];
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
@@ -676,7 +668,7 @@ __global__ void __launch_bounds__(kBwdStagedThreads)
       }
     }
     if (a.dx == nullptr) continue;  // uniform over the grid
-    sum = team_allreduce<false>(sum, Sum2Op(), team, scratch, exch, parity);
+    sum = team_allreduce<false>(sum, Sum2Op(), team, scratch, cluster);
     const float c1 = kRms ? 0.f : sum.x / cols, c2 = sum.y / cols;
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
@@ -690,7 +682,7 @@ __global__ void __launch_bounds__(kBwdStagedThreads)
       }
     }
   }
-  team_exit(team);
+  cluster.close();
   const int64_t part_row = int64_t(blockIdx.x / team.ranks) * part.ld + col0;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {

@@ -25,6 +25,7 @@
 #include "common/query_cache.h"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
+#include "cuda/sm90.cuh"
 
 namespace fusedops {
 namespace row_stage {
@@ -65,53 +66,6 @@ struct Plan {
   int smem;         // teams * slice bytes
 };
 
-// ------------------------------------------------------------------ device: bulk copies
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-}
-
-// The barrier's init must be visible to the copy engine before the first copy names it.
-__device__ __forceinline__ void fence_mbar_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// This thread's arrival, and `bytes` more for the phase to wait for.
-__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "wait:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-// bytes (a multiple of 16, both addresses 16-byte aligned) from global to this block's shared
-// memory, counted on bar when they land.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
-                                          uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-#endif
-
 // ------------------------------------------------------------------ kernel
 
 // The op-fold of f(v) over the elements v (widened to float) of this thread's packs of its
@@ -140,10 +94,10 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   extern __shared__ __align__(128) unsigned char staged[];
   __shared__ uint64_t landed;
   __shared__ float4 scratch[kMaxReductions][kMaxThreads / 32];  // a team's warp partials
-  __shared__ float4 exch[kMaxReductions];                       // a cluster block's total
+  __shared__ sm90::Mailbox mailbox;
 
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int rank = p.ranks > 1 ? static_cast<int>(cluster.block_rank()) : 0;
+  const int rank = p.ranks > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
+  sm90::ClusterExchange cluster(mailbox, p.ranks, rank);
   const int team_threads = p.threads / p.teams;
   const int team = threadIdx.x / team_threads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -151,20 +105,20 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   const int64_t row0 = int64_t(blockIdx.x / p.ranks) * p.teams;
 
   if (threadIdx.x == 0) {
-    mbar_init(&landed);
-    fence_mbar_init();
+    sm90::mbar_init(&landed);
+    sm90::fence_mbar_init();
     const int64_t n = rows - row0 < p.teams ? rows - row0 : p.teams;  // the last block: fewer
     const unsigned bytes = unsigned(n * slice * int64_t(sizeof(T)));
     const auto* from =
         reinterpret_cast<const unsigned char*>(Policy::input(a) + row0 * cols + rank * slice);
-    mbar_arrive_expect(&landed, bytes);
+    sm90::mbar_arrive_expect(&landed, bytes);
     for (unsigned off = 0; off < bytes; off += kMaxCopyBytes) {
-      bulk_load(staged + off, from + off, bytes - off < kMaxCopyBytes ? bytes - off : kMaxCopyBytes,
-                &landed);
+      sm90::bulk_load(staged + off, from + off,
+                      bytes - off < kMaxCopyBytes ? bytes - off : kMaxCopyBytes, &landed);
     }
   }
   __syncthreads();  // the barrier is initialized before anyone waits on it
-  mbar_wait(&landed, 0);
+  sm90::mbar_wait(&landed, 0);
 
   const int64_t row = row0 + team;
   const bool valid = row < rows;
@@ -177,8 +131,8 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
                  valid && rank == 0 && threadIdx.x % team_threads == 0};
 
   // All-reduce over the row's team (and cluster): warp shuffles, the team's warp partials in
-  // shared memory, the cluster blocks' totals in distributed shared memory. Each reduction of a
-  // row has its own slots, so no barrier is needed before the next one writes. The order of
+  // shared memory, the cluster blocks' totals through their mailboxes. Each reduction of a row
+  // has its own slots, so no barrier is needed before the next one writes. The order of
   // operations is fixed: deterministic, and the same result on every rank.
   int k = 0;
   auto reduce = [&](auto v, auto op) {
@@ -193,18 +147,11 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
       v = lane < warps ? part[team * warps + lane] : decltype(op)::template identity<V>();
       v = group_allreduce<32>(v, op);
     }
-    if (p.ranks > 1) {
-      V* total = reinterpret_cast<V*>(&exch[k]);
-      if (threadIdx.x == 0) *total = v;
-      cluster.sync();
-      v = decltype(op)::template identity<V>();
-      for (int q = 0; q < p.ranks; ++q) v = op(v, *cluster.map_shared_rank(total, q));
-    }
     ++k;
-    return v;
+    return cluster.exchange(v, op);
   };
   Policy::row(a, reinterpret_cast<const T*>(staged) + team * slice, sl, reduce);
-  if (p.ranks > 1) cluster.sync();  // keep exch alive until every block has read it
+  cluster.close();
 #endif
 }
 

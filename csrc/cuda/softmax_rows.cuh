@@ -21,6 +21,7 @@
 #include "common/query_cache.h"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
+#include "cuda/sm90.cuh"
 
 namespace fusedops {
 namespace softmax_rows {
@@ -255,39 +256,24 @@ __global__ void __launch_bounds__(kBlockMaxThreads)
   using Stat = typename Policy::Stat;
   using Op = typename Policy::Op;
   __shared__ Stat scratch[32];
-  __shared__ Stat rank_total[2];  // double-buffered: one cluster barrier per row suffices
+  __shared__ sm90::Mailbox mailbox;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int ranks = int(cluster.num_blocks());
-  const int rank = int(cluster.block_rank());
-  int parity = 0;
+  const cooperative_groups::cluster_group group = cooperative_groups::this_cluster();
+  const int ranks = int(group.num_blocks());
+  const int rank = int(group.block_rank());
 #else
   constexpr int ranks = 1, rank = 0;
 #endif
+  sm90::ClusterExchange cluster(mailbox, ranks, rank);
   const int g = rank * blockDim.x + threadIdx.x, G = ranks * blockDim.x;
   const int64_t cols = int64_t(npacks) * VEC;
   for (int64_t r = blockIdx.x / ranks; r < rows; r += gridDim.x / ranks) {
     typename Policy::template Row<VEC, PACKS> row;
     Stat stat = block_allreduce(row.load(args, r * cols, g, G, npacks, true), Op(), scratch);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (ranks > 1) {
-      if (threadIdx.x == 0) rank_total[parity] = stat;
-      cluster.sync();  // every rank's block total is visible in its shared memory
-      stat = Op::template identity<Stat>();
-      for (int q = 0; q < ranks; ++q) {  // same order on every rank: identical results
-        stat = Op()(stat, *cluster.map_shared_rank(&rank_total[parity], q));
-      }
-      // A rank rewrites rank_total[parity] two rows later, after the next row's cluster.sync,
-      // which every rank reaches only after it has read this row's totals.
-      parity ^= 1;
-    }
-#endif
+    stat = cluster.exchange(stat, Op());
     row.store(args, r * cols, g, G, npacks, true, stat);
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (ranks > 1) cluster.sync();  // keep shared memory alive until every rank has read it
-#endif
+  cluster.close();
 }
 
 // ---------------------------------------------------------------- host-side plan

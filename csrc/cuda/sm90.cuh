@@ -1,0 +1,164 @@
+// Hopper (sm_90+) building blocks of the row kernels: mbarriers, bulk copies from global into
+// shared memory, and a cluster all-reduce through mailboxes in distributed shared memory. Every
+// device function here exists only when compiling for sm_90+; callers guard their use.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace fusedops {
+namespace sm90 {
+
+constexpr int kMaxRanks = 16;  // blocks per cluster (16 is non-portable; the H100 allows it)
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// An mbarrier whose phase completes on one arrival plus the bytes it was told to expect.
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// The barrier's init must be visible to the copy engine (and the cluster) before a copy or a
+// peer names it.
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// This thread's arrival, and `bytes` more for the phase to wait for.
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global to this block's shared
+// memory, counted on bar when they land.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The same shared-memory address in the block of cluster rank `rank`.
+__device__ __forceinline__ unsigned peer_addr(const void* p, int rank) {
+  unsigned out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(smem_addr(p)), "r"(rank));
+  return out;
+}
+
+// 16 bytes into block `rank`'s shared memory at dst, counted on its barrier bar (the addresses
+// are this block's; the same offsets are used there).
+__device__ __forceinline__ void push16(const uint4& v, const void* dst, const uint64_t* bar,
+                                       int rank) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+      "[%5];" ::"r"(peer_addr(dst, rank)),
+      "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(peer_addr(bar, rank))
+      : "memory");
+}
+
+// Every thread of the cluster: split cluster barrier (arrive now, wait later).
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
+#endif
+
+// All-reduce across the blocks of a cluster with no cluster barrier per exchange: each block
+// pushes its total into its slot of every block's mailbox (a remote store counted on the
+// receiver's mbarrier) and waits only until its own mailbox is full, then folds the slots in
+// rank order (deterministic; the same result on every rank). A barrier-synchronized exchange
+// makes every block wait for the slowest at each reduction, and once more before exiting.
+// Two sets of slots are used by turns. A block's set is written again two exchanges later: by a
+// peer only after that peer has this block's total of the exchange in between, which this
+// block's thread 0 pushes only after a block barrier that follows every thread's reads (each
+// caller reduces within its block, behind a __syncthreads, before it exchanges).
+struct Mailbox {
+  uint4 slot[2][kMaxRanks];
+  uint64_t full[2];
+};
+
+// One per thread, in registers; every thread of every block of the cluster constructs it and
+// calls exchange() the same number of times, with its block's total, and close() before it
+// exits. With ranks == 1 (no cluster, or not sm_90+) it does nothing.
+class ClusterExchange {
+ public:
+  __device__ ClusterExchange(Mailbox& box, int ranks, int rank)
+      : box_(box), ranks_(ranks), rank_(rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (ranks_ == 1) return;
+    if (threadIdx.x == 0) {
+      mbar_init(&box_.full[0]);
+      mbar_init(&box_.full[1]);
+      fence_mbar_init();
+    }
+    cluster_arrive();  // waited for at the first exchange, long after every block got here
+#endif
+  }
+
+  template <typename V, typename Op>
+  __device__ V exchange(V v, Op op) {
+    static_assert(sizeof(V) <= sizeof(uint4), "ClusterExchange: at most 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (ranks_ == 1) return v;
+    if (count_ == 0) cluster_wait();  // every block's mailbox is initialized
+    const int set = count_ & 1;
+    if (threadIdx.x == 0) {
+      mbar_arrive_expect(&box_.full[set], unsigned(ranks_ * sizeof(uint4)));
+      uint4 word{};
+      memcpy(&word, &v, sizeof(V));
+#pragma unroll 1
+      for (int q = 0; q < ranks_; ++q) push16(word, &box_.slot[set][rank_], &box_.full[set], q);
+    }
+    mbar_wait(&box_.full[set], (count_ >> 1) & 1);
+    ++count_;
+    v = Op::template identity<V>();
+#pragma unroll 1
+    for (int q = 0; q < ranks_; ++q) {
+      V w;
+      memcpy(&w, &box_.slot[set][q], sizeof(V));
+      v = op(v, w);
+    }
+#endif
+    return v;
+  }
+
+  // A block may exit once its exchanges are done: no peer writes to it after its last one. One
+  // that never exchanged still waits at the barrier it arrived at.
+  __device__ void close() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (ranks_ > 1 && count_ == 0) cluster_wait();
+#endif
+  }
+
+ private:
+  Mailbox& box_;
+  int ranks_, rank_;
+  int count_ = 0;
+};
+
+}  // namespace sm90
+}  // namespace fusedops
