@@ -151,11 +151,6 @@ __device__ __forceinline__ V team_allreduce(V v, Op op, const Team& team, V* scr
   return v;
 }
 
-// This block's rank in its team's cluster (0 unless the team spans one).
-__device__ __forceinline__ int cluster_rank(const Team& team) {
-  return team.t / static_cast<int>(blockDim.x);
-}
-
 // VEC elements at p widened to A (fp32, or fp64 for fp64), moved in accesses of at most 16 bytes
 // (an fp32 weight beside bf16 activations takes two).
 template <int VEC, typename S, typename A>
@@ -253,8 +248,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
     norm_fwd_kernel(NormFwdArgs<T, W> a, int group) {
   __shared__ float scratch[kWarp];
   const Team team = make_team<kWarpRow>(group);
-  __shared__ sm90::Mailbox mailbox;
-  sm90::ClusterExchange cluster(mailbox, team.ranks, cluster_rank(team));
+  sm90::ClusterExchange cluster(team.ranks);
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
   for (int64_t base = team_first_row(team); base < a.rows; base += team_row_step(team)) {
@@ -453,8 +447,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
   __shared__ float2 scratch[kWarp];
   using Acc = BwdAcc<VEC, kPacks>;
   const Team team = make_team<kWarpRow>(part.group);
-  __shared__ sm90::Mailbox mailbox;
-  sm90::ClusterExchange cluster(mailbox, team.ranks, cluster_rank(team));
+  sm90::ClusterExchange cluster(team.ranks);
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
   float* dw_acc = reinterpret_cast<float*>(acc_smem);
@@ -594,9 +587,8 @@ __global__ void __launch_bounds__(kBwdStagedThreads)
   __shared__ float2 scratch[kWarp];
   constexpr int kPacks = kBwdStagedPacks;
   const Team team = make_team<false>(blockDim.x);
-  __shared__ sm90::Mailbox mailbox;
-  sm90::ClusterExchange cluster(mailbox, team.ranks, cluster_rank(team));
-  const int rank = cluster_rank(team), tid = threadIdx.x;
+  sm90::ClusterExchange cluster(team.ranks);
+  const int rank = team.t / blockDim.x, tid = threadIdx.x;
   const int64_t cols = a.cols;
   const int slice_packs = static_cast<int>(cols / VEC / team.ranks);
   const unsigned slice_bytes = unsigned(slice_packs) * unsigned(VEC * sizeof(T));

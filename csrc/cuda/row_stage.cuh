@@ -94,10 +94,9 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   extern __shared__ __align__(128) unsigned char staged[];
   __shared__ uint64_t landed;
   __shared__ float4 scratch[kMaxReductions][kMaxThreads / 32];  // a team's warp partials
-  __shared__ sm90::Mailbox mailbox;
 
   const int rank = p.ranks > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
-  sm90::ClusterExchange cluster(mailbox, p.ranks, rank);
+  sm90::ClusterExchange cluster(p.ranks);
   const int team_threads = p.threads / p.teams;
   const int team = threadIdx.x / team_threads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -101,18 +101,31 @@ struct Mailbox {
   uint64_t full[2];
 };
 
-// One per thread, in registers; every thread of every block of the cluster constructs it and
-// calls exchange() the same number of times, with its block's total, and close() before it
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The block's mailbox, at a fixed shared-memory address: no register holds a pointer to it.
+__device__ __forceinline__ Mailbox& block_mailbox() {
+  __shared__ Mailbox box;
+  return box;
+}
+
+__device__ __forceinline__ int cluster_rank() {
+  int rank;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+#endif
+
+// One per thread, in registers (two); every thread of every block of the cluster constructs it
+// and calls exchange() the same number of times, with its block's total, and close() before it
 // exits. With ranks == 1 (no cluster, or not sm_90+) it does nothing.
 class ClusterExchange {
  public:
-  __device__ ClusterExchange(Mailbox& box, int ranks, int rank)
-      : box_(box), ranks_(ranks), rank_(rank) {
+  __device__ explicit ClusterExchange(int ranks) : ranks_(ranks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (ranks_ == 1) return;
     if (threadIdx.x == 0) {
-      mbar_init(&box_.full[0]);
-      mbar_init(&box_.full[1]);
+      mbar_init(&block_mailbox().full[0]);
+      mbar_init(&block_mailbox().full[1]);
       fence_mbar_init();
     }
     cluster_arrive();  // waited for at the first exchange, long after every block got here
@@ -125,21 +138,23 @@ class ClusterExchange {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (ranks_ == 1) return v;
     if (count_ == 0) cluster_wait();  // every block's mailbox is initialized
+    Mailbox& box = block_mailbox();
     const int set = count_ & 1;
     if (threadIdx.x == 0) {
-      mbar_arrive_expect(&box_.full[set], unsigned(ranks_ * sizeof(uint4)));
+      mbar_arrive_expect(&box.full[set], unsigned(ranks_ * sizeof(uint4)));
       uint4 word{};
       memcpy(&word, &v, sizeof(V));
+      const uint4* slot = &box.slot[set][cluster_rank()];
 #pragma unroll 1
-      for (int q = 0; q < ranks_; ++q) push16(word, &box_.slot[set][rank_], &box_.full[set], q);
+      for (int q = 0; q < ranks_; ++q) push16(word, slot, &box.full[set], q);
     }
-    mbar_wait(&box_.full[set], (count_ >> 1) & 1);
+    mbar_wait(&box.full[set], (count_ >> 1) & 1);
     ++count_;
     v = Op::template identity<V>();
 #pragma unroll 1
     for (int q = 0; q < ranks_; ++q) {
       V w;
-      memcpy(&w, &box_.slot[set][q], sizeof(V));
+      memcpy(&w, &box.slot[set][q], sizeof(V));
       v = op(v, w);
     }
 #endif
@@ -155,8 +170,7 @@ class ClusterExchange {
   }
 
  private:
-  Mailbox& box_;
-  int ranks_, rank_;
+  int ranks_;
   int count_ = 0;
 };
 

@@ -256,7 +256,6 @@ __global__ void __launch_bounds__(kBlockMaxThreads)
   using Stat = typename Policy::Stat;
   using Op = typename Policy::Op;
   __shared__ Stat scratch[32];
-  __shared__ sm90::Mailbox mailbox;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const cooperative_groups::cluster_group group = cooperative_groups::this_cluster();
   const int ranks = int(group.num_blocks());
@@ -264,7 +263,7 @@ __global__ void __launch_bounds__(kBlockMaxThreads)
 #else
   constexpr int ranks = 1, rank = 0;
 #endif
-  sm90::ClusterExchange cluster(mailbox, ranks, rank);
+  sm90::ClusterExchange cluster(ranks);
   const int g = rank * blockDim.x + threadIdx.x, G = ranks * blockDim.x;
   const int64_t cols = int64_t(npacks) * VEC;
   for (int64_t r = blockIdx.x / ranks; r < rows; r += gridDim.x / ranks) {
