@@ -567,19 +567,20 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
 // run): bf16 rows one block holds, 16384x4096: 80-89 / 92 (83 / 87; layer_norm's GPU time there
 // is close to a backward call's host cost; 94.7 at 32768x4096); fp32 in clusters of 2 and 4
 // blocks, 4096 and 8192 columns: 88.6 / 89.8 and 86.8 / 88.5 (85 and 84 for layer_norm).
-// Clusters pay a barrier per row and take the kernel only where four or more of their blocks
-// share an SM, so that some block always has work: bf16 layer_norm (124 registers, two blocks
-// per SM) ran 2-block clusters at 70 / 72 (81 / 86), and clusters of 8-16 blocks of 512 threads
-// at 32768-131072 columns 60-75 (71-90). Capping registers to fit more blocks spilled and lost
-// more: bf16 at 80 registers, 16384x4096, 74 / 77.
+// Clusters exchange their row sums through mailboxes (sm90.cuh): with a cluster barrier per row
+// they had taken the kernel only where four blocks shared an SM (bf16 layer_norm, 124 registers,
+// ran 2-block clusters at 70 / 72 against 81 / 86, clusters of 8-16 at 60-75 against 71-90);
+// now clusters of up to 16 blocks serve every row they hold: 4096x32768 bf16 71.5 / 75.7 -> 88.5
+// / 87.2 and fp32 90.5 / 89.2 -> 92.8 / 92.7 (register tiers with the old exchange -> this
+// kernel). Capping registers to fit more blocks spilled and lost: bf16 at 80 registers,
+// 16384x4096, 74 / 77.
 constexpr int kBwdStages = 2;
 constexpr int kBwdStagedPacks = 2;
-constexpr int kBwdStagedThreads = 256;      // per block
-constexpr int kBwdStagedRanks = 4;          // blocks per cluster, at most,
-constexpr int kBwdStagedClusterBlocks = 4;  // ... and only with this many blocks per SM
+constexpr int kBwdStagedThreads = 256;     // per block; or, for rows 16 such blocks can't hold,
+constexpr int kBwdStagedMaxThreads = 512;  // up to this many
 
 template <typename T, typename W, bool kRms, int VEC>
-__global__ void __launch_bounds__(kBwdStagedThreads)
+__global__ void __launch_bounds__(kBwdStagedMaxThreads)
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
@@ -966,22 +967,20 @@ bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
 }
 
 // The staged backward's team: a block of up to kBwdStagedThreads, or the fewest blocks of a
-// cluster of up to kBwdStagedRanks that hold the row where kBwdStagedClusterBlocks of them fit
-// on an SM. No kernel before sm_90, for rows under 8 KB or that no such team holds, or where
-// the row doesn't split into equal slices.
+// cluster of up to kMaxBwdClusterRanks that hold the row, or such blocks of up to
+// kBwdStagedMaxThreads. No kernel before sm_90, for rows under 8 KB or that no such team holds,
+// or where the row doesn't split into equal slices.
 template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < row_stage::kMinRowBytes) return {};
-  const TeamShape s =
-      team_shape(a.cols, VEC, {kBwdStagedPacks}, kBwdStagedThreads, kBwdStagedRanks);
+  TeamShape s = {0, 0, 0};
+  for (const int threads : {kBwdStagedThreads, kBwdStagedMaxThreads}) {
+    if (s.ranks == 0) s = team_shape(a.cols, VEC, {kBwdStagedPacks}, threads, kMaxBwdClusterRanks);
+  }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
   const size_t smem = size_t(kBwdStages) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
-  const BwdPlan<T, W> p{
+  return {
       norm_bwd_staged_kernel<T, W, kRms, VEC>, {0, s.threads, smem, s.ranks}, s.threads, false, 0};
-  BwdPlan<T, W> alone = p;  // its blocks per SM (times the SMs), clusters aside
-  alone.shape.ranks = 1;
-  if (s.ranks > 1 && bwd_resident(alone, info) < kBwdStagedClusterBlocks * info.sm_count) return {};
-  return p;
 }
 
 // The staged kernel on sm_90+, then warp teams for short rows, block and cluster teams (x and
