@@ -576,11 +576,15 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
 // 16384x4096, 74 / 77.
 constexpr int kBwdStages = 2;
 constexpr int kBwdStagedPacks = 2;
-constexpr int kBwdStagedThreads = 256;     // per block; or, for rows 16 such blocks can't hold,
-constexpr int kBwdStagedMaxThreads = 512;  // up to this many
+constexpr int kBwdStagedThreads = 256;  // per block; more only for rows 16 such blocks can't hold:
+// up to 512 (fp16/bf16 blocks take ~124 registers) or 1024 (fp32: 64 registers, one block per SM).
+template <typename T>
+constexpr int staged_bwd_max_threads() {
+  return sizeof(T) == 4 ? 1024 : 512;
+}
 
 template <typename T, typename W, bool kRms, int VEC>
-__global__ void __launch_bounds__(kBwdStagedMaxThreads)
+__global__ void __launch_bounds__(staged_bwd_max_threads<T>())
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
@@ -967,14 +971,14 @@ bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
 }
 
 // The staged backward's team: a block of up to kBwdStagedThreads, or the fewest blocks of a
-// cluster of up to kMaxBwdClusterRanks that hold the row, or such blocks of up to
-// kBwdStagedMaxThreads. No kernel before sm_90, for rows under 8 KB or that no such team holds,
+// cluster of up to kMaxBwdClusterRanks that hold the row, or such blocks of up to 512 threads, or
+// staged_bwd_max_threads. No kernel before sm_90, for rows under 8 KB or that no such team holds,
 // or where the row doesn't split into equal slices.
 template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < row_stage::kMinRowBytes) return {};
   TeamShape s = {0, 0, 0};
-  for (const int threads : {kBwdStagedThreads, kBwdStagedMaxThreads}) {
+  for (const int threads : {kBwdStagedThreads, 512, staged_bwd_max_threads<T>()}) {
     if (s.ranks == 0) s = team_shape(a.cols, VEC, {kBwdStagedPacks}, threads, kMaxBwdClusterRanks);
   }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
