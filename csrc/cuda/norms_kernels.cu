@@ -41,8 +41,9 @@ namespace cg = cooperative_groups;
 constexpr int kWarp = 32;
 constexpr int kMaxClusterRanks = 8;      // the portable cluster size (forward)
 constexpr int kMaxBwdClusterRanks = 16;  // backward, where the GPU allows this many (H100 does)
-constexpr int kFwdPacks = 4;             // per thread in forward teams (16-byte packs of x),
-constexpr int kFwdScalars = 16;          // or elements when rows aren't 16-byte aligned
+static_assert(kMaxBwdClusterRanks <= sm90::kMaxRanks, "a cluster mailbox slot per block");
+constexpr int kFwdPacks = 4;     // per thread in forward teams (16-byte packs of x),
+constexpr int kFwdScalars = 16;  // or elements when rows aren't 16-byte aligned
 constexpr int kFwdWarpRowsPerBlock = 4;
 constexpr int kFwdClusterThreads = 512;    // per block of a forward cluster team (see norm_fwd_vec)
 constexpr int kBwdMaxThreads = 512;        // per block; backward teams hold 16 elements per thread
@@ -577,14 +578,16 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
 constexpr int kBwdStages = 2;
 constexpr int kBwdStagedPacks = 2;
 constexpr int kBwdStagedThreads = 256;  // per block; more only for rows 16 such blocks can't hold:
-// up to 512 (fp16/bf16 blocks take ~124 registers) or 1024 (fp32: 64 registers, one block per SM).
-template <typename T>
+// up to 512 (fp16/bf16 blocks take ~124 registers), and 1024 for fp32 layer_norm (64 registers,
+// one block per SM; H100, 1024x131072: 82 against 69 for its cluster register tier, which
+// spills, while rms_norm's register tier ran 83-84 against 76 here).
+template <typename T, bool kRms>
 constexpr int staged_bwd_max_threads() {
-  return sizeof(T) == 4 ? 1024 : 512;
+  return sizeof(T) == 4 && !kRms ? 1024 : 512;
 }
 
 template <typename T, typename W, bool kRms, int VEC>
-__global__ void __launch_bounds__(staged_bwd_max_threads<T>())
+__global__ void __launch_bounds__(staged_bwd_max_threads<T, kRms>())
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
@@ -978,7 +981,7 @@ template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < row_stage::kMinRowBytes) return {};
   TeamShape s = {0, 0, 0};
-  for (const int threads : {kBwdStagedThreads, 512, staged_bwd_max_threads<T>()}) {
+  for (const int threads : {kBwdStagedThreads, 512, staged_bwd_max_threads<T, kRms>()}) {
     if (s.ranks == 0) s = team_shape(a.cols, VEC, {kBwdStagedPacks}, threads, kMaxBwdClusterRanks);
   }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};

@@ -30,9 +30,10 @@
 namespace fusedops {
 namespace row_stage {
 
-constexpr int kMaxThreads = 512;              // per block
-constexpr int kMaxReductions = 2;             // per row (layer_norm: mean, then variance)
-constexpr int kMaxRanks = 8;                  // the portable cluster size
+constexpr int kMaxThreads = 512;   // per block
+constexpr int kMaxReductions = 2;  // per row (layer_norm: mean, then variance)
+constexpr int kMaxRanks = 8;       // the portable cluster size
+static_assert(kMaxRanks <= sm90::kMaxRanks, "a cluster mailbox slot per block");
 constexpr int kStaticSmem = 4 << 10;          // beside the staged rows: barrier, scratch
 constexpr unsigned kMaxCopyBytes = 32 << 10;  // per bulk copy instruction
 constexpr int kMinRowBytes = 8 << 10;         // shorter rows: the register tiers

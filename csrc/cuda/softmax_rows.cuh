@@ -36,6 +36,7 @@ constexpr int kBlockTargetThreads = 512;
 constexpr int kTargetPacks = 4;
 constexpr int kBlockMaxThreads = 1024;
 constexpr int kMaxClusterRanks = 8;  // the portable cluster size
+static_assert(kMaxClusterRanks <= sm90::kMaxRanks, "a cluster mailbox slot per block");
 constexpr int kOnlineThreads = 512;
 constexpr int kRowRegisterWords = 32;  // 32-bit registers per thread for row data
 constexpr int kMaxPacks = 8;           // per thread; more spills under the 64-register cap
