@@ -317,10 +317,8 @@ struct NormFwdStaged {
   using T = T_;
   using Args = NormFwdArgs<T, W>;
   // The weight and bias loads want more threads per row than softmax (H100, bf16, % of copy,
-  // 4096x32768: 128 bytes per thread 88 / 93 for layer_norm / rms_norm, 256 bytes 81 / 75), and
-  // slices of at most 64 KB (fp32 512x262144 layer_norm: 47 as 8 slices of 128 KB, 52 looping).
+  // 4096x32768: 128 bytes per thread 88 / 93 for layer_norm / rms_norm, 256 bytes 81 / 75).
   static constexpr int kBytesPerThread = 128;
-  static constexpr bool kLongSlices = false;
 
   __device__ static const T* input(const Args& a) { return a.x; }
 

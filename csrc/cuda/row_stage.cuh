@@ -158,9 +158,12 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
 // ------------------------------------------------------------------ host: plan and launch
 
 // Blocks of one row, or of several short rows, of up to kGroupBytes; rows longer than
-// kSliceBytes split over a cluster of up to 8 blocks. A slice beyond kSliceBytes (rows over
-// 512 KB) is taken only when Policy::kLongSlices, else the caller's looping kernel runs. A team
-// of threads per row, one thread per Policy::kBytesPerThread of it.
+// kSliceBytes split over a cluster of up to 8 blocks; rows over 8 * kSliceBytes take slices
+// as large as shared memory holds (beyond it, the caller's looping kernel runs). A team of
+// threads per row, one thread per Policy::kBytesPerThread of it. Measured on an H100, fp32
+// 512x262144 (8 slices of 128 KB against the looping kernels): softmax 44 -> 75 with cluster
+// barriers, 92 with the mailbox exchange; layer_norm / rms_norm 52 / 55 -> 68 / 75 (47 for
+// layer_norm with barriers).
 template <typename Policy>
 Plan plan(int64_t rows, int64_t cols, int vec, const DeviceInfo& dev) {
   const Plan none{0, 0, 0, 0, 0};
@@ -169,8 +172,8 @@ Plan plan(int64_t rows, int64_t cols, int vec, const DeviceInfo& dev) {
   int ranks = 1;
   while (row_bytes / ranks > kSliceBytes && ranks < kMaxRanks) ranks *= 2;
   const int64_t slice_bytes = row_bytes / ranks;
-  const int64_t most = Policy::kLongSlices ? dev.max_smem_optin - kStaticSmem : kSliceBytes;
-  if (slice_bytes > most || cols % (int64_t(ranks) * vec) != 0) return none;
+  if (slice_bytes > dev.max_smem_optin - kStaticSmem || cols % (int64_t(ranks) * vec) != 0)
+    return none;
   int teams = 1;
   while (ranks == 1 && teams * 2 * slice_bytes <= kGroupBytes && teams * 2 <= kMaxThreads / 32 &&
          rows / (teams * 2) >= int64_t(kMinBlocksPerSm) * dev.sm_count) {

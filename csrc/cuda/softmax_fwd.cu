@@ -57,11 +57,9 @@ template <typename T_, int VEC>
 struct SoftmaxFwdStaged {
   using T = T_;
   using Args = typename SoftmaxFwd<T>::Args;
-  // Fewer threads per row than the norms, and slices up to the shared-memory limit: measured on
-  // an H100 (bf16, % of copy), 256 bytes per thread against 128: 1024x131072 87 / 80, 512x262144
-  // 83 / 78; fp32 512x262144 75 as 8 slices of 128 KB, 44 in the looping kernel.
+  // Fewer threads per row than the norms: measured on an H100 (bf16, % of copy), 256 bytes per
+  // thread against 128: 1024x131072 87 / 80, 512x262144 83 / 78.
   static constexpr int kBytesPerThread = 256;
-  static constexpr bool kLongSlices = true;
 
   __device__ static const T* input(const Args& a) { return a.x; }
 
