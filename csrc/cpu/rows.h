@@ -5,9 +5,12 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <ATen/cpu/vec/vec_n.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -25,6 +28,115 @@ template <typename F>
 void for_rows(int64_t rows, int64_t cols, const F& f) {
   at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElems / std::max<int64_t>(cols, 1)), f);
 }
+
+template <typename A>
+using Vec = at::vec::Vectorized<A>;
+
+// The vector step: two Vec<A>, which for fp16/bf16 is exactly one Vectorized<T> in memory, and
+// two independent chains of arithmetic per iteration.
+template <typename A>
+using Vec2 = at::vec::VectorizedN<A, 2>;
+
+// Calls f(i, tag) over [begin, end): tag is a Vec2<A> for each full step, then an A for each
+// tail element, so one generic body (using ld/st below) serves both widths.
+template <typename A, typename F>
+inline void for_each_vec(int64_t begin, int64_t end, const F& f) {
+  int64_t i = begin;
+  for (; i + Vec2<A>::size() <= end; i += Vec2<A>::size()) f(i, Vec2<A>());
+  for (; i < end; ++i) f(i, A());
+}
+
+// Loads V (Vec2<A> or A) from memory of S: S is A (statistics, parameters, partials, fp32/fp64
+// rows) or fp16/bf16 (rows), widened here.
+template <typename V, typename S>
+inline V ld(const S* p) {
+  using A = acc_t<S>;
+  if constexpr (std::is_same_v<V, A>) {
+    return static_cast<A>(*p);
+  } else if constexpr (std::is_same_v<S, A>) {
+    return V::loadu(p);
+  } else {
+    V v;
+    at::vec::load_to_float<S>(p, v[0], v[1]);
+    return v;
+  }
+}
+
+// Stores V into memory of S, narrowed (round-to-nearest-even) for fp16/bf16.
+template <typename S, typename V>
+inline void st(S* p, const V& v) {
+  using A = acc_t<S>;
+  if constexpr (std::is_same_v<V, A>) {
+    *p = static_cast<S>(v);
+  } else if constexpr (std::is_same_v<S, A>) {
+    v.store(p);
+  } else {
+    at::vec::convert_from_float<S>(v[0], v[1]).store(p);
+  }
+}
+
+// A sum fed by both vector and scalar (tail) steps. Vector steps go through a short inner
+// accumulator folded into the outer one every kInner steps: two short chains of roundings
+// instead of one as long as the row (rows reach 10^5 elements and more).
+template <typename A>
+struct Sum {
+  static constexpr int kInner = 32;
+  Vec<A> outer = Vec<A>(A(0)), inner = Vec<A>(A(0));
+  A s = A(0);
+  int n = 0;
+  void add(const Vec2<A>& x) {
+    inner = inner + (x[0] + x[1]);
+    if (++n == kInner) {
+      outer = outer + inner;
+      inner = Vec<A>(A(0));
+      n = 0;
+    }
+  }
+  void add(A x) { s += x; }
+  A total() const {
+    return at::vec::vec_reduce_all<A>([](Vec<A>& a, Vec<A>& b) { return a + b; }, outer + inner) +
+           s;
+  }
+};
+
+// exp of V: Vec2<A> lane by lane, or A. exp_u20 (within 2 ulp; results below the smallest
+// normal flush to 0) is for arguments known to be in [-inf, 0]; exp for any argument.
+template <typename V, typename F>
+inline V lanes(const V& v, const F& f) {
+  if constexpr (std::is_arithmetic_v<V>) {
+    __at_align__ V out[Vec<V>::size()];
+    f(Vec<V>(v)).store(out);
+    return out[0];
+  } else {
+    V r;
+    r[0] = f(v[0]);
+    r[1] = f(v[1]);
+    return r;
+  }
+}
+template <typename V>
+inline V exp(const V& v) {
+  return lanes(v, [](const auto& x) { return x.exp(); });
+}
+template <typename V>
+inline V exp_u20(const V& v) {
+  return lanes(v, [](const auto& x) { return x.exp_u20(); });
+}
+
+// A maximum fed by vector and scalar steps; NaN propagates (at::vec::maximum does, and so does
+// the scalar step).
+template <typename A>
+struct Max {
+  Vec<A> v = Vec<A>(-std::numeric_limits<A>::infinity());
+  A s = -std::numeric_limits<A>::infinity();
+  void add(const Vec2<A>& x) { v = at::vec::maximum(v, at::vec::maximum(x[0], x[1])); }
+  void add(A x) { s = (x > s || std::isnan(x)) ? x : s; }
+  A total() const {
+    const A m =
+        at::vec::vec_reduce_all<A>([](Vec<A>& a, Vec<A>& b) { return at::vec::maximum(a, b); }, v);
+    return (m > s || std::isnan(m)) ? m : s;
+  }
+};
 
 // A row as acc_t: the tensor's own memory when T is acc_t, else a widened copy in `buf`.
 template <typename T>

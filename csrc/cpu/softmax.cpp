@@ -1,7 +1,7 @@
 // CPU softmax / log_softmax, forward and backward, over contiguous rows.
 // Rows are split across threads (at::parallel_for); within a row the math is at::vec SIMD in
-// fp32 (fp64 for double); fp16/bf16 rows are converted on the fly, or widened into per-thread
-// buffers where softmax's forward keeps exp(x - max) between passes (so exp runs once).
+// fp32 (fp64 for double), two vectors per step; fp16/bf16 are widened as loaded and narrowed as
+// stored, with a per-thread buffer where softmax's forward keeps exp(x - max) (exp runs once).
 #include "softmax.h"
 
 #include <ATen/Dispatch.h>
@@ -21,49 +21,62 @@ namespace fusedops {
 namespace {
 
 using cpu::acc_t;
+using cpu::for_each_vec;
 using cpu::for_rows;
-using cpu::narrow;
+using cpu::ld;
+using cpu::Max;
 using cpu::out_row;
-using cpu::widen;
+using cpu::st;
+using cpu::Sum;
 
+// Three passes over a row (in cache after the first): max; exp(x - max) and its sum; the
+// result. softmax keeps exp(x - max) between the last two in fp32 (fp64 for double): in y, or in
+// a per-thread buffer for fp16/bf16 (narrowing it there would round twice).
 template <typename T>
 void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
   using A = acc_t<T>;
-  using Vec = at::vec::Vectorized<A>;
-  // at::vec::maximum propagates NaN. With a finite max every x - max is in [-inf, 0], where the
-  // cheaper exp_u20 (within 2 ulp; results below FLT_MIN flush to 0) is exact enough; a row
-  // holding NaN or +inf takes exp(), which propagates NaN.
-  auto row_max = [](const auto* row, int64_t n) {
-    using S = std::remove_const_t<std::remove_pointer_t<decltype(row)>>;
-    return at::vec::reduce_all<S>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, row, n);
-  };
-  auto exp_shifted = [](A max) {
-    return [vmax = Vec(max), fast = std::isfinite(max)](Vec v) {
-      return fast ? (v - vmax).exp_u20() : (v - vmax).exp();
-    };
-  };
-  auto add = [](Vec a, Vec b) { return a + b; };
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
-    // softmax keeps exp(x - max) in A between its sum and its scaling, so fp16/bf16 rows go
-    // through buffers; log_softmax only reads x (three times), converting it on the fly.
-    const bool buffered = !std::is_same_v<T, A> && !log;
-    std::vector<A> xbuf(buffered ? cols : 0), ybuf(xbuf.size());
+    std::vector<A> buf(std::is_same_v<T, A> || log ? 0 : cols);
     for (int64_t r = begin; r < end; ++r) {
-      if (log) {
-        const T* xr = x + r * cols;
-        const A max = row_max(xr, cols);
-        const A sum = at::vec::map_reduce_all<T>(exp_shifted(max), add, xr, cols);
-        // (x - max) - log(sum): max + log(sum) loses digits.
-        const Vec vmax(max), log_sum(std::log(sum));
-        at::vec::map<T>([&](Vec v) { return (v - vmax) - log_sum; }, y + r * cols, xr, cols);
+      const T* xr = x + r * cols;
+      T* yr = y + r * cols;
+      Max<A> mx;
+      for_each_vec<A>(0, cols, [&](int64_t i, auto t) { mx.add(ld<decltype(t)>(xr + i)); });
+      const A max = mx.total();
+      // With a finite max every x - max is in [-inf, 0], where the cheaper exp_u20 is exact
+      // enough; a row holding NaN or +inf takes exp(), which propagates NaN.
+      auto row = [&](const auto& exp) {
+        Sum<A> sum;
+        if (log) {
+          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+            using V = decltype(t);
+            sum.add(exp(ld<V>(xr + i) - V(max)));
+          });
+          // (x - max) - log(sum): max + log(sum) loses digits.
+          const A log_sum = std::log(sum.total());
+          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+            using V = decltype(t);
+            st(yr + i, (ld<V>(xr + i) - V(max)) - V(log_sum));
+          });
+        } else {
+          A* e = out_row(yr, buf);
+          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+            using V = decltype(t);
+            const V v = exp(ld<V>(xr + i) - V(max));
+            st(e + i, v);
+            sum.add(v);
+          });
+          const A inv = A(1) / sum.total();
+          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+            using V = decltype(t);
+            st(yr + i, ld<V>(e + i) * V(inv));
+          });
+        }
+      };
+      if (std::isfinite(max)) {
+        row([](const auto& v) { return cpu::exp_u20(v); });
       } else {
-        const A* xr = widen(x + r * cols, cols, xbuf);
-        A* yr = out_row(y + r * cols, ybuf);
-        at::vec::map(exp_shifted(row_max(xr, cols)), yr, xr, cols);
-        const Vec inv(A(1) /
-                      at::vec::reduce_all<A>([&](Vec& a, Vec& b) { return add(a, b); }, yr, cols));
-        at::vec::map([&](Vec v) { return v * inv; }, yr, yr, cols);
-        narrow<T>(yr, y + r * cols, cols);
+        row([](const auto& v) { return cpu::exp(v); });
       }
     }
   });
@@ -71,23 +84,41 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
 
 // softmax:     dx = y * (dy - sum(dy * y))
 // log_softmax: dx = dy - exp(y) * sum(dy)
-// Two passes over the rows, fp16/bf16 converted on the fly.
+// Two passes over the rows. fp16/bf16: the first pass widens dy and y into per-thread buffers,
+// which the second reads (each element converted once).
 template <typename T>
 void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log) {
   using A = acc_t<T>;
-  using Vec = at::vec::Vectorized<A>;
+  constexpr bool kWiden = !std::is_same_v<T, A>;
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
+    std::vector<A> dybuf(kWiden ? cols : 0), ybuf(dybuf.size());
     for (int64_t r = begin; r < end; ++r) {
       const T* dyr = dy + r * cols;
       const T* yr = y + r * cols;
+      Sum<A> s;
+      for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+        using V = decltype(t);
+        const V g = ld<V>(dyr + i), o = ld<V>(yr + i);
+        if constexpr (kWiden) {
+          st(dybuf.data() + i, g);
+          st(ybuf.data() + i, o);
+        }
+        s.add(log ? g : g * o);
+      });
+      const A sum = s.total();
+      const A* g = kWiden ? dybuf.data() : reinterpret_cast<const A*>(dyr);
+      const A* o = kWiden ? ybuf.data() : reinterpret_cast<const A*>(yr);
       T* dxr = dx + r * cols;
       if (log) {
-        const Vec sum(at::vec::reduce_all<T>([](Vec& a, Vec& b) { return a + b; }, dyr, cols));
-        at::vec::map2<T>([&](Vec g, Vec o) { return g - o.exp() * sum; }, dxr, dyr, yr, cols);
+        for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+          using V = decltype(t);
+          st(dxr + i, ld<V>(g + i) - cpu::exp(ld<V>(o + i)) * V(sum));
+        });
       } else {
-        const Vec dot(at::vec::map2_reduce_all<T>(
-            [](Vec g, Vec o) { return g * o; }, [](Vec a, Vec b) { return a + b; }, dyr, yr, cols));
-        at::vec::map2<T>([&](Vec g, Vec o) { return o * (g - dot); }, dxr, dyr, yr, cols);
+        for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+          using V = decltype(t);
+          st(dxr + i, ld<V>(o + i) * (ld<V>(g + i) - V(sum)));
+        });
       }
     }
   });
