@@ -6,6 +6,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <array>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -45,13 +46,15 @@ BwdOutputs bwd_op(const at::Tensor& grad_out, const at::Tensor& x, at::TensorLis
 
 class FullyFusedMlpFunction : public torch::autograd::Function<FullyFusedMlpFunction> {
  public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
-                               at::TensorList biases, const std::string& activation,
-                               const std::string& output_activation, bool save) {
+  // The saved activations leave through `acts`, not as outputs of the Function: outputs marked
+  // non-differentiable make compiled autograd fail (CppNode asserts there are none).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights,
+                            at::TensorList biases, const std::string& activation,
+                            const std::string& output_activation, bool save,
+                            std::array<at::Tensor, 3>* acts) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, hidden_act, hidden_pre, out_pre] =
         fwd_op(x, weights, biases, activation, output_activation, save);
-    ctx->mark_non_differentiable({hidden_act, hidden_pre, out_pre});
     ctx->set_materialize_grads(false);
     variable_list saved = {x, hidden_act, hidden_pre, out_pre};
     saved.insert(saved.end(), weights.begin(), weights.end());
@@ -60,7 +63,8 @@ class FullyFusedMlpFunction : public torch::autograd::Function<FullyFusedMlpFunc
     ctx->saved_data["output_activation"] = output_activation;
     ctx->saved_data["save"] = save;
     ctx->saved_data["biases"] = int64_t(biases.size());
-    return {out, hidden_act, hidden_pre, out_pre};
+    *acts = {hidden_act, hidden_pre, out_pre};
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -71,8 +75,8 @@ class FullyFusedMlpFunction : public torch::autograd::Function<FullyFusedMlpFunc
     const variable_list saved = ctx->get_saved_variables();
     const std::vector<at::Tensor> weights(saved.begin() + 4, saved.end());
     const int64_t nbias = ctx->saved_data["biases"].toInt();
-    // One entry per forward argument: x, each weight, each bias, the three non-tensors.
-    variable_list out(1 + weights.size() + nbias + 3);
+    // One entry per forward argument: x, each weight, each bias, the four non-tensors.
+    variable_list out(1 + weights.size() + nbias + 4);
     if (!grads[0].defined()) return out;
     for (const at::Tensor& t : saved) {
       TORCH_CHECK(!at::GradMode::is_enabled() || !t.defined() || !t.requires_grad(),
@@ -87,7 +91,7 @@ class FullyFusedMlpFunction : public torch::autograd::Function<FullyFusedMlpFunc
     out[i++] = grad_x;
     for (auto& g : grad_w) out[i++] = g;
     for (auto& g : grad_b) out[i++] = g;
-    for (size_t e = 0; e + 3 < out.size(); ++e) {
+    for (size_t e = 0; e + 4 < out.size(); ++e) {
       if (!ctx->needs_input_grad(e)) out[e] = at::Tensor();
     }
     return out;
@@ -101,9 +105,10 @@ FwdOutputs fwd_autograd(const at::Tensor& x, at::TensorList weights, at::TensorL
     const at::AutoDispatchBelowADInplaceOrView guard;
     return fwd_op(x, weights, biases, activation, output_activation, save);
   }
-  auto outs = FullyFusedMlpFunction::apply(x, weights, biases, std::string(activation),
-                                           std::string(output_activation), save);
-  return {outs[0], outs[1], outs[2], outs[3]};
+  std::array<at::Tensor, 3> acts;
+  at::Tensor out = FullyFusedMlpFunction::apply(x, weights, biases, std::string(activation),
+                                                std::string(output_activation), save, &acts);
+  return {std::move(out), acts[0], acts[1], acts[2]};
 }
 
 template <c10::DeviceType D>

@@ -86,21 +86,23 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
 
 class MlpFunction : public torch::autograd::Function<MlpFunction> {
  public:
-  // b1 and b2 are optional: absent ones have no autograd edge (see backward).
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1,
-                               const OptTensor& b1, const at::Tensor& w2, const OptTensor& b2,
-                               const std::string& approximate, bool save_pre, bool save_act) {
+  // b1 and b2 are optional: absent ones have no autograd edge (see backward). pre and act leave
+  // through `saved`, not as outputs of the Function: outputs marked non-differentiable make
+  // compiled autograd fail (CppNode asserts there are none).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1,
+                            const OptTensor& b1, const at::Tensor& w2, const OptTensor& b2,
+                            const std::string& approximate, bool save_pre, bool save_act,
+                            std::tuple<at::Tensor, at::Tensor>* saved) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, pre, act] = mlp_fwd_op(x, w1, b1, w2, b2, approximate, save_pre, save_act);
-    ctx->mark_non_differentiable({pre, act});
-    // No zero-filled gradients for pre and act (two [rows, hidden] buffers and fills per step).
-    ctx->set_materialize_grads(false);
+    ctx->set_materialize_grads(false);  // an undefined gradient needs no zero-filled one
     ctx->save_for_backward({x, w1, w2, pre, act});
     ctx->saved_data["approximate"] = approximate;
     ctx->saved_data["save_pre"] = save_pre;
     ctx->saved_data["has_b1"] = b1.has_value() && b1->defined();
     ctx->saved_data["has_b2"] = b2.has_value() && b2->defined();
-    return {out, pre, act};
+    *saved = {pre, act};
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -116,8 +118,8 @@ class MlpFunction : public torch::autograd::Function<MlpFunction> {
     const std::array<bool, 5> mask = {
         ctx->needs_input_grad(0), ctx->needs_input_grad(1), has_b1 && ctx->needs_input_grad(2),
         ctx->needs_input_grad(w2_edge), has_b2 && ctx->needs_input_grad(w2_edge + 1)};
-    // One entry per forward argument, bias or not: x, w1, b1, w2, b2, approximate, save_*.
-    variable_list out(8);
+    // One entry per forward argument, bias or not: x, w1, b1, w2, b2, approximate, save_*, saved.
+    variable_list out(9);
     if (!grads[0].defined() || !(mask[0] || mask[1] || mask[2] || mask[3] || mask[4])) return out;
     auto g = mlp_bwd_op(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                         ctx->saved_data["approximate"].toStringRef(), mask);
@@ -146,8 +148,10 @@ MlpFwdOutputs mlp_fwd_autograd(const at::Tensor& x, const at::Tensor& w1, const 
     const at::AutoDispatchBelowADInplaceOrView guard;
     return mlp_fwd_op(x, w1, b1, w2, b2, approximate, save_pre, save_act);
   }
-  auto outs = MlpFunction::apply(x, w1, b1, w2, b2, std::string(approximate), save_pre, save_act);
-  return {outs[0], outs[1], outs[2]};
+  std::tuple<at::Tensor, at::Tensor> saved;
+  at::Tensor out =
+      MlpFunction::apply(x, w1, b1, w2, b2, std::string(approximate), save_pre, save_act, &saved);
+  return {std::move(out), std::get<0>(saved), std::get<1>(saved)};
 }
 
 // Type promotion as in gelu(input + bias), which autocast leaves alone: a bf16 input with an fp32

@@ -93,22 +93,25 @@ std::array<bool, N> needs_grads(AutogradContext* ctx, const std::array<bool, N>&
   return needs;
 }
 
+// The statistics leave the forward through `stats`, not as outputs of the Function: compiled
+// autograd refuses a C++ Function with outputs marked non-differentiable (CppNode asserts there
+// are none), and every output costs a wrapping per call.
 class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
-  static variable_list forward(AutogradContext* ctx, const Tensor& input,
-                               IntArrayRef normalized_shape, const OptTensor& weight,
-                               const OptTensor& bias, double eps) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, IntArrayRef normalized_shape,
+                        const OptTensor& weight, const OptTensor& bias, double eps,
+                        std::tuple<Tensor, Tensor>* stats) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, mean, rstd] = layer_norm_fwd_op(input, normalized_shape, weight, bias, eps);
     ctx->save_for_backward({input, weight.value_or(Tensor()), bias.value_or(Tensor()), mean, rstd});
     ctx->saved_data["normalized_shape"] = normalized_shape.vec();
-    ctx->mark_non_differentiable({mean, rstd});
-    ctx->set_materialize_grads(false);  // no zero-filled gradients for mean and rstd
-    return {out, mean, rstd};
+    ctx->set_materialize_grads(false);  // an undefined gradient needs no zero-filled one
+    *stats = {mean, rstd};
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return variable_list(5);  // out took no part in the loss
+    if (!grads[0].defined()) return variable_list(6);  // out took no part in the loss
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &input = saved[0], &weight = saved[1], &bias = saved[2];
     check_no_double_backward("layer_norm", {grads[0], input, weight, bias});
@@ -116,27 +119,26 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     auto [dx, dw, db] =
         layer_norm_bwd_op(grads[0], input, ctx->saved_data["normalized_shape"].toIntVector(),
                           saved[3], saved[4], opt(weight), opt(bias), needs);
-    return {dx.value_or(Tensor()), Tensor(), dw.value_or(Tensor()), db.value_or(Tensor()),
-            Tensor()};
+    return {dx.value_or(Tensor()), Tensor(), dw.value_or(Tensor()),
+            db.value_or(Tensor()), Tensor(), Tensor()};
   }
 };
 
 class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
  public:
-  static variable_list forward(AutogradContext* ctx, const Tensor& input,
-                               IntArrayRef normalized_shape, const OptTensor& weight,
-                               std::optional<double> eps) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& input, IntArrayRef normalized_shape,
+                        const OptTensor& weight, std::optional<double> eps, Tensor* rstd_out) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, rstd] = rms_norm_fwd_op(input, normalized_shape, weight, eps);
     ctx->save_for_backward({input, weight.value_or(Tensor()), rstd});
     ctx->saved_data["normalized_shape"] = normalized_shape.vec();
-    ctx->mark_non_differentiable({rstd});
-    ctx->set_materialize_grads(false);  // no zero-filled gradient for rstd
-    return {out, rstd};
+    ctx->set_materialize_grads(false);
+    *rstd_out = rstd;
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return variable_list(4);  // out took no part in the loss
+    if (!grads[0].defined()) return variable_list(5);
     const variable_list saved = ctx->get_saved_variables();
     const Tensor &input = saved[0], &weight = saved[1];
     check_no_double_backward("rms_norm", {grads[0], input, weight});
@@ -144,7 +146,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     auto [dx, dw] =
         rms_norm_bwd_op(grads[0], input, ctx->saved_data["normalized_shape"].toIntVector(),
                         saved[2], opt(weight), needs);
-    return {dx.value_or(Tensor()), Tensor(), dw.value_or(Tensor()), Tensor()};
+    return {dx.value_or(Tensor()), Tensor(), dw.value_or(Tensor()), Tensor(), Tensor()};
   }
 };
 
@@ -156,8 +158,9 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_autograd(const Tensor& input,
     const at::AutoDispatchBelowADInplaceOrView guard;
     return layer_norm_fwd_op(input, normalized_shape, weight, bias, eps);
   }
-  const variable_list r = LayerNormFunction::apply(input, normalized_shape, weight, bias, eps);
-  return {r[0], r[1], r[2]};
+  std::tuple<Tensor, Tensor> stats;
+  Tensor out = LayerNormFunction::apply(input, normalized_shape, weight, bias, eps, &stats);
+  return {std::move(out), std::get<0>(stats), std::get<1>(stats)};
 }
 
 std::tuple<Tensor, Tensor> rms_norm_fwd_autograd(const Tensor& input, IntArrayRef normalized_shape,
@@ -167,8 +170,9 @@ std::tuple<Tensor, Tensor> rms_norm_fwd_autograd(const Tensor& input, IntArrayRe
     const at::AutoDispatchBelowADInplaceOrView guard;
     return rms_norm_fwd_op(input, normalized_shape, weight, eps);
   }
-  const variable_list r = RmsNormFunction::apply(input, normalized_shape, weight, eps);
-  return {r[0], r[1]};
+  Tensor rstd;
+  Tensor out = RmsNormFunction::apply(input, normalized_shape, weight, eps, &rstd);
+  return {std::move(out), std::move(rstd)};
 }
 
 // The backward ops' Autograd kernels: straight to the backend below the Autograd key, unboxed.
