@@ -547,3 +547,20 @@ DEVICE_MIX = [
 def test_device_mix(other, call, exc, pattern):
     with pytest.raises(exc, match=pattern):
         call(other)
+
+
+@pytest.mark.parametrize(
+    ("op", "call"),
+    [
+        ("bias_gelu_backward", lambda x, d: fusedops.bias_gelu(x, _x(d, shape=(8,)))),
+        ("fused_mlp_backward", lambda x, d: _mlp(x, d)),
+    ],
+    ids=["bias_gelu", "fused_mlp"],
+)
+def test_double_backward_raises(device, op, call):
+    """These backward ops have no derivative: create_graph=True raises at the first backward,
+    naming the op, instead of recording a node that fails later."""
+    x = _x(device).requires_grad_()
+    y = call(x, device)
+    with pytest.raises(RuntimeError, match=f"fusedops.{op}: double backward is not supported"):
+        torch.autograd.grad(y.pow(2).sum(), x, create_graph=True)

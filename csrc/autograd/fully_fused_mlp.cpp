@@ -111,6 +111,15 @@ FwdOutputs fwd_autograd(const at::Tensor& x, at::TensorList weights, at::TensorL
   return {std::move(out), acts[0], acts[1], acts[2]};
 }
 
+BwdOutputs bwd_autograd(const at::Tensor& grad_out, const at::Tensor& x, at::TensorList weights,
+                        const at::Tensor& hidden_act, const at::Tensor& hidden_pre,
+                        const at::Tensor& out_pre, c10::string_view activation,
+                        c10::string_view output_activation, bool has_bias) {
+  return backward_below_autograd("fully_fused_mlp_backward", bwd_op, grad_out, x, weights,
+                                 hidden_act, hidden_pre, out_pre, activation, output_activation,
+                                 has_bias);
+}
+
 template <c10::DeviceType D>
 FwdOutputs fwd_autocast(const at::Tensor& x, at::TensorList weights, at::TensorList biases,
                         c10::string_view activation, c10::string_view output_activation,
@@ -135,7 +144,10 @@ void register_autocast(torch::Library& m) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fusedops, Autograd, m) { m.impl("fully_fused_mlp_fwd", &fwd_autograd); }
+TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
+  m.impl("fully_fused_mlp_fwd", &fwd_autograd);
+  m.impl("fully_fused_mlp_bwd", &bwd_autograd);
+}
 
 FUSEDOPS_AUTOCAST_IMPL(register_autocast)
 

@@ -154,6 +154,22 @@ MlpFwdOutputs mlp_fwd_autograd(const at::Tensor& x, const at::Tensor& w1, const 
   return {std::move(out), std::get<0>(saved), std::get<1>(saved)};
 }
 
+std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd_autograd(const at::Tensor& grad_output,
+                                                          const at::Tensor& input,
+                                                          const at::Tensor& bias,
+                                                          c10::string_view approximate) {
+  return backward_below_autograd("bias_gelu_backward", bias_gelu_bwd_op, grad_output, input, bias,
+                                 approximate);
+}
+
+MlpBwdOutputs mlp_bwd_autograd(const at::Tensor& grad_out, const at::Tensor& x,
+                               const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& pre,
+                               const at::Tensor& act, c10::string_view approximate,
+                               std::array<bool, 5> output_mask) {
+  return backward_below_autograd("fused_mlp_backward", mlp_bwd_op, grad_out, x, w1, w2, pre, act,
+                                 approximate, output_mask);
+}
+
 // Type promotion as in gelu(input + bias), which autocast leaves alone: a bf16 input with an fp32
 // bias gives fp32. (nn.BiasGELU casts its bias to the input's dtype under autocast first: there
 // it stands for a Linear's bias, which autocast casts.)
@@ -195,6 +211,8 @@ void register_autocast(torch::Library& m) {
 TORCH_LIBRARY_IMPL(fusedops, Autograd, m) {
   m.impl("bias_gelu_fwd", &bias_gelu_fwd_autograd);
   m.impl("mlp_fwd", &mlp_fwd_autograd);
+  m.impl("bias_gelu_bwd", &bias_gelu_bwd_autograd);
+  m.impl("mlp_bwd", &mlp_bwd_autograd);
 }
 
 FUSEDOPS_AUTOCAST_IMPL(register_autocast)

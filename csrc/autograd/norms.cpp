@@ -175,30 +175,20 @@ std::tuple<Tensor, Tensor> rms_norm_fwd_autograd(const Tensor& input, IntArrayRe
   return {std::move(out), std::move(rstd)};
 }
 
-// The backward ops' Autograd kernels: straight to the backend below the Autograd key, unboxed.
-// Without them torch's boxed autograd fallback ran on every call (the arguments boxed into a
-// stack and unboxed again). The backward ops have no derivative: recording one is an error.
 std::tuple<OptTensor, OptTensor, OptTensor> layer_norm_bwd_autograd(
     const Tensor& grad_out, const Tensor& input, IntArrayRef normalized_shape, const Tensor& mean,
     const Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
     std::array<bool, 3> output_mask) {
-  TORCH_CHECK(autograd_records_nothing(grad_out, input, mean, rstd, weight, bias),
-              "fusedops.layer_norm_backward: double backward is not supported (an argument "
-              "requires grad)");
-  const at::AutoDispatchBelowADInplaceOrView guard;
-  return layer_norm_bwd_op(grad_out, input, normalized_shape, mean, rstd, weight, bias,
-                           output_mask);
+  return backward_below_autograd("layer_norm_backward", layer_norm_bwd_op, grad_out, input,
+                                 normalized_shape, mean, rstd, weight, bias, output_mask);
 }
 
 std::tuple<OptTensor, OptTensor> rms_norm_bwd_autograd(const Tensor& grad_out, const Tensor& input,
                                                        IntArrayRef normalized_shape,
                                                        const Tensor& rstd, const OptTensor& weight,
                                                        std::array<bool, 2> output_mask) {
-  TORCH_CHECK(autograd_records_nothing(grad_out, input, rstd, weight),
-              "fusedops.rms_norm_backward: double backward is not supported (an argument "
-              "requires grad)");
-  const at::AutoDispatchBelowADInplaceOrView guard;
-  return rms_norm_bwd_op(grad_out, input, normalized_shape, rstd, weight, output_mask);
+  return backward_below_autograd("rms_norm_backward", rms_norm_bwd_op, grad_out, input,
+                                 normalized_shape, rstd, weight, output_mask);
 }
 
 // torch's "fp32" autocast policy where it has one for the op: every floating argument on `D` but
