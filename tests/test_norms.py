@@ -393,9 +393,11 @@ def test_cuda_bad_inputs():
 
 # Row lengths that reach every kernel tier (bf16 counts; fp32 tiers end at about half):
 # forward warp teams (<= 256, 512, 1024), block teams (<= 32768), cluster teams of 2..8 blocks
-# of 512 threads (<= 131072), then of up to 1024 (<= 262144), and the looping kernel beyond;
-# backward on sm_90+ the staged kernel (bf16 4096 as one block, 131072 as 16 blocks of 512; fp32
-# 4096; fp32 layer_norm 131072 as 16 blocks of 1024), else warp teams (<= 512), block teams (<= 8192), clusters of up to 16 (<= 131072; 32
+# of 512 threads (<= 131072), then of up to 1024 (<= 262144), and the looping kernel beyond
+# (on sm_90+ the staged forward takes 16-byte-aligned rows of 8 KB up to 8 slices of shared
+# memory: fp32 262144 as 8 slices of 128 KB); backward on sm_90+ the staged kernel (bf16 4096
+# as one block, 131072 as 16 blocks of 512; fp32 4096; fp32 layer_norm 131072 as 16 blocks of
+# 1024), else warp teams (<= 512), block teams (<= 8192), clusters of up to 16 (<= 131072; 32
 # elements per thread <= 262144), looping;
 # and odd lengths, which take the unaligned (scalar) variant of each (forward <= 128 / 8192 /
 # 65536, backward <= 256 / 4096 / 65536). Without clusters (before sm_90) the long rows take the
