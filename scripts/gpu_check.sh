@@ -34,7 +34,15 @@ build() {
 }
 
 tests() {
-  local xdist
+  local xdist missing
+  # The suite's own imports (torch.testing's helpers need expecttest): say which are missing
+  # rather than fail at collection.
+  missing=$(python3 -c 'import importlib.util as u
+print(" ".join(m for m in ("pytest", "expecttest", "hypothesis", "numpy") if not u.find_spec(m)))')
+  if [ -n "$missing" ]; then
+    echo "tests: missing Python packages: $missing (pip install them, or bring their wheels)"
+    return 1
+  fi
   xdist=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 16")
   # -v: one line per finished test in the log, so a run cut short still says what passed.
   python3 -m pytest tests -v -ra -p no:cacheprovider --durations=15 $xdist 2>&1 |
