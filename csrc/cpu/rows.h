@@ -138,15 +138,21 @@ struct Max {
   }
 };
 
-// A row as acc_t: the tensor's own memory when T is acc_t, else a widened copy in `buf`.
+// Where a row's acc_t copy is: the tensor's own memory when T is acc_t, else `buf`.
 template <typename T>
-const acc_t<T>* widen(const T* row, int64_t cols, std::vector<acc_t<T>>& buf) {
+const acc_t<T>* acc_row(const T* row, const std::vector<acc_t<T>>& buf) {
   if constexpr (std::is_same_v<T, acc_t<T>>) {
     return row;
   } else {
-    at::vec::convert(row, buf.data(), cols);
     return buf.data();
   }
+}
+
+// A row as acc_t: the tensor's own memory when T is acc_t, else a widened copy in `buf`.
+template <typename T>
+const acc_t<T>* widen(const T* row, int64_t cols, std::vector<acc_t<T>>& buf) {
+  if constexpr (!std::is_same_v<T, acc_t<T>>) at::vec::convert(row, buf.data(), cols);
+  return acc_row(row, buf);
 }
 
 // Where to write a row in acc_t; narrow() copies it out when that was a buffer.

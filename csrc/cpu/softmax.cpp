@@ -45,12 +45,12 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
       const A max = mx.total();
       // With a finite max every x - max is in [-inf, 0], where the cheaper exp_u20 is exact
       // enough; a row holding NaN or +inf takes exp(), which propagates NaN.
-      auto row = [&](const auto& exp) {
+      auto row = [&](const auto& exp_fn) {
         Sum<A> sum;
         if (log) {
           for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
             using V = decltype(t);
-            sum.add(exp(ld<V>(xr + i) - V(max)));
+            sum.add(exp_fn(ld<V>(xr + i) - V(max)));
           });
           // (x - max) - log(sum): max + log(sum) loses digits.
           const A log_sum = std::log(sum.total());
@@ -62,7 +62,7 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
           A* e = out_row(yr, buf);
           for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
             using V = decltype(t);
-            const V v = exp(ld<V>(xr + i) - V(max));
+            const V v = exp_fn(ld<V>(xr + i) - V(max));
             st(e + i, v);
             sum.add(v);
           });
@@ -106,8 +106,8 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
         s.add(log ? g : g * o);
       });
       const A sum = s.total();
-      const A* g = kWiden ? dybuf.data() : reinterpret_cast<const A*>(dyr);
-      const A* o = kWiden ? ybuf.data() : reinterpret_cast<const A*>(yr);
+      const A* g = cpu::acc_row(dyr, dybuf);
+      const A* o = cpu::acc_row(yr, ybuf);
       T* dxr = dx + r * cols;
       if (log) {
         for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
