@@ -569,12 +569,18 @@ def test_cuda_every_kernel_path(cuda_device, log, dtype, n, misaligned):
 )
 @pytest.mark.parametrize("log", OPS)
 def test_cuda_rows_grouped_per_block(cuda_device, log, dtype, n):
-    """Enough rows for the staged forward (sm_90+) to put several rows in one block (up to 32 KB
-    of them), and a row count that leaves the last block partly empty."""
+    """Enough rows for the staged kernels (sm_90+) to put several rows in one block (up to 32 KB
+    of them: of x forward, of y and dy backward), and a row count that leaves the last block
+    partly empty."""
     sms = torch.cuda.get_device_properties(cuda_device).multi_processor_count
     x = make_input((16 * sms + 3, n), dtype, cuda_device)
+    g = make_input(x.shape, dtype, cuda_device, scale=1.0)
     poison_allocator(cuda_device, x.numel() * x.element_size())
-    assert_softmax_close(fused_fn(log)(x, -1), torch_fn(log)(x, -1), x, -1, log)
+    y = fused_fn(log)(x, -1)
+    assert_softmax_close(y, torch_fn(log)(x, -1), x, -1, log)
+    poison_allocator(cuda_device, x.numel() * x.element_size())
+    dx = ops.softmax_bwd(g, y, -1, log)
+    assert_softmax_backward_close(dx, torch_backward(g, y, -1, log), g, y, -1, log)
 
 
 HUGE_SHAPES = [

@@ -320,11 +320,13 @@ struct NormFwdStaged {
   // 4096x32768: 128 bytes per thread 88 / 93 for layer_norm / rms_norm, 256 bytes 81 / 75).
   static constexpr int kBytesPerThread = 128;
 
-  __device__ static const T* input(const Args& a) { return a.x; }
+  static constexpr int kInputs = 1;
+  __device__ static const T* input(const Args& a, int) { return a.x; }
 
   template <typename Reduce>
-  __device__ static void row(const Args& a, const T* x, const row_stage::Slice& sl,
+  __device__ static void row(const Args& a, const T* const* in, const row_stage::Slice& sl,
                              Reduce&& reduce) {
+    const T* x = in[0];
     float mu = 0.f;
     if constexpr (!kRms) {
       auto value = [](float v) { return v; };

@@ -1,16 +1,17 @@
-// Forward row engine for sm_90+, shared by softmax, log_softmax, layer_norm and rms_norm. Each
-// block stages its rows in shared memory with one bulk copy (cp.async.bulk, completing on an
-// mbarrier), then reduces and writes them; a row too long for one block is split over a
-// cluster, each block staging its slice and the partial results exchanged through distributed
-// shared memory. Shared memory, not registers, bounds the rows in flight: an SM holds two or
-// three 64 KB rows where the register tiers hold one, and the hardware scheduler hands rows to
-// whichever SM is free. Measured on an H100 (bf16, % of copy, 4096x32768 softmax / rms_norm):
-// 96 / 94 in this non-persistent form, 85 / 88 in a persistent grid of one block per SM with
-// the next rows prefetched two or three stages deep (each SM's fixed share of rows: the slowest
-// SMs finish last), 77 / 82 in the register tiers.
-// A Policy's row() reads its row (slice) from shared memory in as many passes as it needs and
-// all-reduces through the engine's reduce(), which every thread of the block must call the
-// same number of times. Preconditions: contiguous rows; x, y and any weights 16-byte aligned
+// Row engine for sm_90+, shared by the forwards of softmax, log_softmax, layer_norm and rms_norm
+// and the softmax / log_softmax backward. Each block stages its rows in shared memory with one
+// bulk copy per input (cp.async.bulk, completing on an mbarrier), then reduces and writes them; a
+// row too long for one block is split over a cluster, each block staging its slice and the partial
+// results exchanged through distributed shared memory. Shared memory, not registers, bounds the
+// rows in flight: an SM holds two or three 64 KB rows where the register tiers hold one, and the
+// hardware scheduler hands rows to whichever SM is free. Measured on an H100 (bf16, % of copy,
+// 4096x32768 softmax / rms_norm): 96 / 94 in this non-persistent form, 85 / 88 in a persistent grid
+// of one block per SM with the next rows prefetched two or three stages deep (each SM's fixed share
+// of rows: the slowest SMs finish last), 77 / 82 in the register tiers. A Policy stages kInputs
+// row-major inputs of the same shape (input(a, i): x; or y and dy for the softmax backward); its
+// row() reads its row (slice) of each from shared memory in as many passes as it needs and
+// all-reduces through the engine's reduce(), which every thread of the block must call the same
+// number of times. Preconditions: contiguous rows; every input, output and weight 16-byte aligned
 // and the row length a multiple of VEC (the callers' vectorized path); plan() checks the rest.
 #pragma once
 
@@ -30,10 +31,9 @@
 namespace fusedops {
 namespace row_stage {
 
-constexpr int kMaxThreads = 512;   // per block
-constexpr int kMaxReductions = 2;  // per row (layer_norm: mean, then variance)
-constexpr int kMaxRanks = 8;       // the portable cluster size
-static_assert(kMaxRanks <= sm90::kMaxRanks, "a cluster mailbox slot per block");
+constexpr int kMaxThreads = 512;              // per block
+constexpr int kMaxReductions = 2;             // per row (layer_norm: mean, then variance)
+constexpr int kPortableRanks = 8;             // blocks per cluster that every sm_90+ GPU runs
 constexpr int kStaticSmem = 4 << 10;          // beside the staged rows: barrier, scratch
 constexpr unsigned kMaxCopyBytes = 32 << 10;  // per bulk copy instruction
 constexpr int kMinRowBytes = 8 << 10;         // shorter rows: the register tiers
@@ -55,7 +55,7 @@ struct Slice {
   int64_t col0;    // first column of this block's slice
   int64_t offset;  // of that column in x and y: row * cols + col0
   int t, n;        // this thread's rank in the row's team, and the team's size
-  int packs;       // packs of VEC in the slice (0 past the last row)
+  int packs;       // packs of VEC in the slice of each input (0 past the last row)
   bool lead;       // the thread that writes per-row statistics
 };
 
@@ -63,8 +63,8 @@ struct Plan {
   int threads;      // per block
   int ranks;        // blocks per row: > 1 is a cluster; 0 when the engine can't take the rows
   int teams;        // rows per block (1 in a cluster)
-  int slice_packs;  // packs of VEC per row slice (a block's part of a row)
-  int smem;         // teams * slice bytes
+  int slice_packs;  // packs of VEC per row slice (a block's part of a row) of each input
+  int smem;         // teams * kInputs * slice bytes
 };
 
 // ------------------------------------------------------------------ kernel
@@ -103,18 +103,24 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t slice = int64_t(p.slice_packs) * VEC;
   const int64_t row0 = int64_t(blockIdx.x / p.ranks) * p.teams;
+  // Input i's slices of the block's rows: p.teams of them from staged_input(i).
+  auto staged_input = [&](int i) { return reinterpret_cast<T*>(staged) + i * p.teams * slice; };
 
   if (threadIdx.x == 0) {
     sm90::mbar_init(&landed);
     sm90::fence_mbar_init();
     const int64_t n = rows - row0 < p.teams ? rows - row0 : p.teams;  // the last block: fewer
-    const unsigned bytes = unsigned(n * slice * int64_t(sizeof(T)));
-    const auto* from =
-        reinterpret_cast<const unsigned char*>(Policy::input(a) + row0 * cols + rank * slice);
-    sm90::mbar_arrive_expect(&landed, bytes);
-    for (unsigned off = 0; off < bytes; off += kMaxCopyBytes) {
-      sm90::bulk_load(staged + off, from + off,
-                      bytes - off < kMaxCopyBytes ? bytes - off : kMaxCopyBytes, &landed);
+    const unsigned bytes = unsigned(n * slice * int64_t(sizeof(T)));  // per input
+    sm90::mbar_arrive_expect(&landed, bytes * Policy::kInputs);
+#pragma unroll
+    for (int i = 0; i < Policy::kInputs; ++i) {
+      const auto* from =
+          reinterpret_cast<const unsigned char*>(Policy::input(a, i) + row0 * cols + rank * slice);
+      auto* to = reinterpret_cast<unsigned char*>(staged_input(i));
+      for (unsigned off = 0; off < bytes; off += kMaxCopyBytes) {
+        sm90::bulk_load(to + off, from + off,
+                        bytes - off < kMaxCopyBytes ? bytes - off : kMaxCopyBytes, &landed);
+      }
     }
   }
   __syncthreads();  // the barrier is initialized before anyone waits on it
@@ -150,28 +156,34 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
     ++k;
     return cluster.exchange(v, op);
   };
-  Policy::row(a, reinterpret_cast<const T*>(staged) + team * slice, sl, reduce);
+  const T* in[Policy::kInputs];  // this team's row slice of each input
+#pragma unroll
+  for (int i = 0; i < Policy::kInputs; ++i) in[i] = staged_input(i) + team * slice;
+  Policy::row(a, in, sl, reduce);
   cluster.close();
 #endif
 }
 
 // ------------------------------------------------------------------ host: plan and launch
 
-// Blocks of one row, or of several short rows, of up to kGroupBytes; rows longer than
-// kSliceBytes split over a cluster of up to 8 blocks; rows over 8 * kSliceBytes take slices
-// as large as shared memory holds (beyond it, the caller's looping kernel runs). A team of
-// threads per row, one thread per Policy::kBytesPerThread of it. Measured on an H100, fp32
-// 512x262144 (8 slices of 128 KB against the looping kernels): softmax 44 -> 75 with cluster
-// barriers, 92 with the mailbox exchange; layer_norm / rms_norm 52 / 55 -> 68 / 75 (47 for
-// layer_norm with barriers).
+// Sizes count the bytes staged per row: kInputs rows of cols elements. Blocks of one row, or of
+// several short rows, of up to kGroupBytes; rows longer than kSliceBytes split over a cluster of
+// up to max_ranks blocks, whose slices grow past kSliceBytes, up to what shared memory holds,
+// only when max_ranks can't keep them within it (beyond that, the caller's other kernels run).
+// A team of threads per row, one thread per Policy::kBytesPerThread of it. Measured on an H100,
+// fp32 512x262144 forward, % of copy: against the looping kernels (softmax 44, layer_norm 52,
+// rms_norm 55), 8 slices of 128 KB ran 75 / 47 / - with a cluster barrier per exchange, 92 / 68
+// / 75 with the mailbox exchange, and 16 slices of 64 KB (three blocks per SM where 128 KB
+// slices leave one) 97 / 80 / 87.
 template <typename Policy>
-Plan plan(int64_t rows, int64_t cols, int vec, const DeviceInfo& dev) {
+Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& dev) {
   const Plan none{0, 0, 0, 0, 0};
   const int64_t row_bytes = cols * int64_t(sizeof(typename Policy::T));
   if (dev.cc_major < 9 || row_bytes < kMinRowBytes) return none;
+  const int64_t staged_bytes = row_bytes * Policy::kInputs;
   int ranks = 1;
-  while (row_bytes / ranks > kSliceBytes && ranks < kMaxRanks) ranks *= 2;
-  const int64_t slice_bytes = row_bytes / ranks;
+  while (staged_bytes / ranks > kSliceBytes && ranks < max_ranks) ranks *= 2;
+  const int64_t slice_bytes = staged_bytes / ranks;
   if (slice_bytes > dev.max_smem_optin - kStaticSmem || cols % (int64_t(ranks) * vec) != 0)
     return none;
   int teams = 1;
@@ -196,7 +208,13 @@ bool can_run(int smem, int ranks, int threads, const DeviceInfo& dev) {
   const int opted = opt_in_smem(kKernel, dev.max_smem_optin);
   if (smem > opted) return false;
   if (ranks == 1) return true;
-  return query_once(reinterpret_cast<const void*>(kKernel), smem * 16 + ranks, threads, [&](int) {
+  return query_once(reinterpret_cast<const void*>(kKernel), smem * 32 + ranks, threads, [&](int) {
+           if (ranks > kPortableRanks &&
+               cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
+                   cudaSuccess) {
+             cudaGetLastError();
+             return 0;
+           }
            cudaLaunchAttribute attr;
            const cudaLaunchConfig_t config =
                launch_config({ranks, threads, size_t(smem), ranks}, nullptr, &attr);
@@ -208,14 +226,19 @@ bool can_run(int smem, int ranks, int threads, const DeviceInfo& dev) {
 }
 
 // Launches Policy over the rows when plan() takes them; false otherwise (the caller's other
-// tiers run). One block (cluster) per row group: the hardware scheduler balances them.
+// tiers run). One block (cluster) per row group: the hardware scheduler balances them. Clusters
+// of up to 16 (non-portable: the H100 and H200 run them), else (a GPU that doesn't, or a row
+// length 16 slices don't divide) of up to 8.
 template <typename Policy, int VEC>
 bool try_launch(const typename Policy::Args& a, int64_t rows, int64_t cols, const DeviceInfo& dev,
                 cudaStream_t stream, cudaError_t* err) {
-  const Plan p = plan<Policy>(rows, cols, VEC, dev);
-  if (p.ranks == 0) return false;
   constexpr auto kernel = staged_rows_kernel<Policy, VEC>;
-  if (!can_run<kernel>(p.smem, p.ranks, p.threads, dev)) return false;
+  Plan p = plan<Policy>(rows, cols, VEC, sm90::kMaxRanks, dev);
+  if (p.ranks == 0 ||
+      (p.ranks > kPortableRanks && !can_run<kernel>(p.smem, p.ranks, p.threads, dev))) {
+    p = plan<Policy>(rows, cols, VEC, kPortableRanks, dev);
+  }
+  if (p.ranks == 0 || !can_run<kernel>(p.smem, p.ranks, p.threads, dev)) return false;
   const int64_t blocks = (rows + p.teams - 1) / p.teams * p.ranks;
   if (blocks > INT32_MAX) return false;
   *err = launch(kernel, {blocks, p.threads, size_t(p.smem), p.ranks}, stream, a, rows, cols, p);

@@ -1,10 +1,13 @@
 // Softmax / log_softmax backward in one kernel per row:
 //   softmax:     dx = y * (dy - sum(dy * y))
 //   log_softmax: dx = dy - exp(y) * sum(dy)
-// Rows that fit on chip keep y and dy in registers (softmax_rows.cuh: one read of each, one
-// write of dx); longer rows and fp64 stream twice through the online kernel. Sums in fp32.
+// On sm_90+, 16-byte-aligned rows of 8 KB and more go through the staged row engine with y and
+// dy both staged (row_stage.cuh, SoftmaxBwdStaged below). Other rows that fit on chip keep y and
+// dy in registers (softmax_rows.cuh); either way one read of each and one write of dx. Longer
+// rows and fp64 stream twice through the online kernel. Sums in fp32.
 #include <climits>
 
+#include "cuda/row_stage.cuh"
 #include "cuda/softmax_kernels.h"
 #include "cuda/softmax_rows.cuh"
 
@@ -44,11 +47,54 @@ __global__ void __launch_bounds__(kOnlineThreads)
   }
 }
 
+// The backward through the staged row engine (row_stage.cuh, sm_90+): y and dy both staged, the
+// row's sum reduced once, dx written from shared memory.
+template <typename T_, int VEC>
+struct SoftmaxBwdStaged {
+  using T = T_;
+  using Args = typename SoftmaxBwd<T>::Args;
+  static constexpr int kInputs = 2;
+  static constexpr int kBytesPerThread = 256;  // of y and dy together
+
+  __device__ static const T* input(const Args& a, int i) { return i == 0 ? a.y : a.dy; }
+
+  template <typename Reduce>
+  __device__ static void row(const Args& a, const T* const* in, const row_stage::Slice& sl,
+                             Reduce&& reduce) {
+    const T *y = in[0], *dy = in[1];
+    float s = 0.f;
+#pragma unroll 4
+    for (int p = sl.t; p < sl.packs; p += sl.n) {
+      const Pack<T, VEC> o = load_pack<T, VEC>(y + p * VEC), g = load_pack<T, VEC>(dy + p * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) s += a.log ? to_acc(g.v[k]) : to_acc(g.v[k]) * to_acc(o.v[k]);
+    }
+    s = reduce(s, SumOp());
+#pragma unroll 4
+    for (int p = sl.t; p < sl.packs; p += sl.n) {
+      const Pack<T, VEC> o = load_pack<T, VEC>(y + p * VEC), g = load_pack<T, VEC>(dy + p * VEC);
+      float out[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        const float yk = to_acc(o.v[k]), dyk = to_acc(g.v[k]);
+        out[k] = a.log ? dyk - acc_exp(yk) * s : yk * (dyk - s);
+      }
+      store_pack<T, VEC>(a.dx + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
+    }
+  }
+};
+
 template <typename T, int VEC>
 cudaError_t launch_bwd(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log,
                        const DeviceInfo& dev, cudaStream_t stream) {
   if constexpr (!std::is_same_v<T, double>) {
     cudaError_t err = cudaSuccess;
+    if constexpr (VEC > 1) {
+      if (row_stage::try_launch<SoftmaxBwdStaged<T, VEC>, VEC>({dy, y, dx, log}, rows, cols, dev,
+                                                               stream, &err)) {
+        return err;
+      }
+    }
     if (cols <= INT_MAX && launch_register_tiers<SoftmaxBwd<T>, VEC>({dy, y, dx, log}, rows, cols,
                                                                      dev, stream, &err)) {
       return err;

@@ -61,11 +61,13 @@ struct SoftmaxFwdStaged {
   // thread against 128: 1024x131072 87 / 80, 512x262144 83 / 78.
   static constexpr int kBytesPerThread = 256;
 
-  __device__ static const T* input(const Args& a) { return a.x; }
+  static constexpr int kInputs = 1;
+  __device__ static const T* input(const Args& a, int) { return a.x; }
 
   template <typename Reduce>
-  __device__ static void row(const Args& a, const T* x, const row_stage::Slice& sl,
+  __device__ static void row(const Args& a, const T* const* in, const row_stage::Slice& sl,
                              Reduce&& reduce) {
+    const T* x = in[0];
     auto max = [](float u, float v) { return fmaxf(u, v); };
     auto value = [](float v) { return v; };
     const float m = row_stage::fold<VEC>(x, sl, -INFINITY, value, max);
