@@ -345,7 +345,7 @@ struct NormFwdStaged {
       float v[VEC], out[VEC];
       widen(load_pack<T, VEC>(x + p * VEC), v);
       normalize_pack<VEC>(v, mu, rs, a.w ? a.w + col : nullptr, a.b ? a.b + col : nullptr, out);
-      store_acc<VEC>(a.y + sl.offset + int64_t(p) * VEC, out);
+      store_pack_global<T, VEC>(a.y + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
     }
   }
 };

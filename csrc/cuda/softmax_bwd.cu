@@ -79,7 +79,7 @@ struct SoftmaxBwdStaged {
         const float yk = to_acc(o.v[k]), dyk = to_acc(g.v[k]);
         out[k] = a.log ? dyk - acc_exp(yk) * s : yk * (dyk - s);
       }
-      store_pack<T, VEC>(a.dx + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
+      store_pack_global<T, VEC>(a.dx + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
     }
   }
 };

@@ -85,7 +85,7 @@ struct SoftmaxFwdStaged {
         const float xk = to_acc(v.v[k]);
         out[k] = a.log ? (xk - total.m) - log_sum : acc_exp(xk - total.m) * inv;
       }
-      store_pack<T, VEC>(a.y + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
+      store_pack_global<T, VEC>(a.y + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
     }
   }
 };
