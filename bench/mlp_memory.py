@@ -37,7 +37,15 @@ def origin(e: dict) -> str:
         for f in e.get("frames", [])
         if any(k in f.get("name", "") for k in KEEP) and not any(k in f["name"] for k in SKIP)
     ]
-    return " < ".join(names[:2]) or "(no fusedops/ATen frame recorded)"
+    if names:
+        return " < ".join(names[:2])
+    # No C++ frame of ours or ATen's: the innermost Python line outside torch that allocated it.
+    py = [
+        f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}"
+        for f in e.get("frames", [])
+        if f.get("filename", "").endswith(".py") and "/torch/" not in f["filename"]
+    ]
+    return py[0] if py else "(no frame recorded)"
 
 
 def main() -> None:

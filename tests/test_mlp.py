@@ -340,6 +340,8 @@ def test_cuda_epilogues_used(approximate, dtype):
     bwd = sum("bias_gelu_bwd_kernel" in n for n in names)
     fused_gelu = approximate == "tanh" and dtype != torch.float32
     assert (fwd, bwd) == ((0, 0) if fused_gelu else (1, 1)), names
+    if fused_gelu:  # db1 comes from the dW1 GEMM's epilogue: the one reduction is the loss's
+        assert sum("reduce_kernel" in n for n in names) == 1, names
 
 
 @pytest.mark.cuda

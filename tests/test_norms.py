@@ -420,6 +420,23 @@ def test_cuda_kernel_tiers(dtype, cols, op):
 
 
 @cuda_only
+@pytest.mark.parametrize(
+    "dtype,cols",
+    [(torch.bfloat16, 131072), (torch.bfloat16, 262144), (torch.float32, 131072)],
+    ids=str,
+)
+@pytest.mark.parametrize("mode", ["weight", "bias", "same", "fp32"])
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_staged_params(dtype, cols, mode, op):
+    """Rows split over a cluster (sm_90+) stage one weight or bias slice beside the row (into the
+    first slot, whichever it is); two, or fp32 parameters beside bf16 rows, read global memory."""
+    if op == "rms_norm" and mode == "bias":
+        pytest.skip("rms_norm has no bias")
+    x = torch.randn(7, cols, dtype=dtype, device="cuda")
+    _check(op, x, [cols], *_params(op, mode, cols, dtype, "cuda"), 1e-5)
+
+
+@cuda_only
 @pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 40000), (torch.float32, 8192)], ids=str)
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_backward_weight_grad_only(dtype, cols, op):

@@ -117,16 +117,21 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& v) {
   }
 }
 
-// A 16-byte pack into global memory with one 16-byte store instruction. In the staged row
-// kernels the compiler split store_pack's word into four 4-byte stores (their PTX and SASS),
+// A pack into global memory; a 16-byte pack with one 16-byte store instruction. In the staged
+// row kernels the compiler split store_pack's word into four 4-byte stores (their PTX and SASS),
 // four times the store instructions.
 template <typename T, int VEC>
 __device__ __forceinline__ void store_pack_global(T* p, const Pack<T, VEC>& v) {
-  static_assert(sizeof(Pack<T, VEC>) == sizeof(uint4), "store_pack_global: 16-byte packs");
-  uint4 w;
-  memcpy(&w, &v, sizeof(w));
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w.x), "r"(w.y), "r"(w.z),
-               "r"(w.w));
+  if constexpr (sizeof(Pack<T, VEC>) == sizeof(uint4)) {
+    uint4 w;
+    memcpy(&w, &v, sizeof(w));
+    // "memory": kernels read back what they stored (the norms' partial rows across rows).
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w.x), "r"(w.y), "r"(w.z),
+                 "r"(w.w)
+                 : "memory");
+  } else {
+    store_pack<T, VEC>(p, v);
+  }
 }
 
 __host__ __device__ inline bool is_aligned16(const void* p) {

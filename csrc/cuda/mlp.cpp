@@ -2,10 +2,11 @@
 //   forward  tanh:  fc1 = GEMM + bias + GELU (GELU_AUX_BIAS, pre-activation as aux output)
 //            exact: fc1 = GEMM + bias (BIAS) into pre, then the erf GELU kernel (cuBLASLt's
 //                   GELU is the tanh form; no silent switch); fc2 = GEMM + bias (BIAS)
-//   backward dW2 + db2 (BGRADB); tanh: dpre = GEMM with the DGELU epilogue, db1 = its column
-//            sums; exact: GEMM then the bias_gelu backward kernel (dpre and a deterministic db1);
-//            dW1 and dx plain GEMMs. (DGELU_BGRAD, which also sums db1 in the epilogue, made the
-//            whole training step 13-24% slower on an H200 at T = 8192, D = 768-4096: not used.)
+//   backward dW2 + db2 (BGRADB); tanh: dpre = GEMM with the DGELU epilogue, dW1 + db1
+//            (BGRADB); exact: GEMM then the bias_gelu backward kernel (dpre and a deterministic
+//            db1), dW1 a plain GEMM; dx a plain GEMM. (DGELU_BGRAD, which also sums db1 in the
+//            epilogue, made the whole training step 13-24% slower on an H200 at T = 8192, D =
+//            768-4096: not used.)
 // Torch tensors are row-major, cuBLASLt column-major: y = x @ w.T is computed as y.T = w @ x.T.
 // Weights are read in place as nn.Linear's row-major [out, in] or as the column-major .t() view of
 // a weight stored [in, out] (GPT-2's Conv1D): either way no copy per call.
@@ -325,7 +326,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
       dpre = at::empty({p.rows, p.hidden}, opts);
       fused = lt_gemm({operand(dy2, false), operand(w2c, false), dpre, CUBLASLT_EPILOGUE_DGELU,
                        nullptr, pre2.const_data_ptr()});
-      if (fused && mask[2]) db1 = dpre.sum(0);
     }
     if (!fused) {
       at::Tensor dact = at::empty({p.rows, p.hidden}, opts);
@@ -333,10 +333,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
       std::tie(dpre, db1) =
           bias_gelu_rows_bwd_cuda(dact, pre2, at::Tensor(), p.approx, mask[2], true);
     }
+    const bool owe_db1 = fused && mask[2];  // the DGELU GEMM leaves db1 to sum
     if (mask[1]) {
+      // dW1 = dpre.T @ x, its BGRADB epilogue summing dpre over the rows into db1 where owed.
       g[1] = at::empty({p.hidden, p.in}, opts);
-      gemm_into(g[1], dpre, true, x2, false);
+      const at::Tensor sum = owe_db1 ? at::empty({p.hidden}, opts) : at::Tensor();
+      if (owe_db1 && lt_gemm({operand(dpre, true), operand(x2, false), g[1],
+                              CUBLASLT_EPILOGUE_BGRADB, sum.const_data_ptr()})) {
+        db1 = sum;
+      } else {
+        gemm_into(g[1], dpre, true, x2, false);
+      }
     }
+    if (owe_db1 && !db1.defined()) db1 = dpre.sum(0);
     if (mask[0]) {
       g[0] = at::empty({p.rows, p.in}, opts);
       gemm_into(g[0], dpre, false, w1c, false);

@@ -166,17 +166,17 @@ __device__ __forceinline__ void load_acc(const S* p, A (&out)[VEC]) {
 }
 
 template <int VEC, typename S>
-__device__ __forceinline__ void store_acc(S* p, const acc_t<S> (&in)[VEC]) {
+__device__ __forceinline__ void store_acc(S* p, const acc_t<S> (&in)[VEC]) {  // p: global
   constexpr int kSub = VEC < kVec16<S> ? VEC : kVec16<S>;
   if constexpr (kSub == VEC) {
-    store_pack<S, VEC>(p, pack_from_acc<S, VEC>(in));
+    store_pack_global<S, VEC>(p, pack_from_acc<S, VEC>(in));
   } else {
 #pragma unroll
     for (int s = 0; s < VEC; s += kSub) {
       Pack<S, kSub> pk;
 #pragma unroll
       for (int j = 0; j < kSub; ++j) pk.v[j] = from_acc<S>(in[s + j]);
-      store_pack<S, kSub>(p + s, pk);
+      store_pack_global<S, kSub>(p + s, pk);
     }
   }
 }
@@ -319,13 +319,21 @@ struct NormFwdStaged {
   // The weight and bias loads want more threads per row than softmax (H100, bf16, % of copy,
   // 4096x32768: 128 bytes per thread 88 / 93 for layer_norm / rms_norm, 256 bytes 81 / 75).
   static constexpr int kBytesPerThread = 128;
+  // fp32 rows: three 512-thread blocks per SM, as before the staged params' second write path
+  // took 48 registers (H100, fp32 layer_norm, % of copy: 4096x32768 96.9 at three blocks, 92.8
+  // at two; bf16 capped for three spilled: 90 -> 78).
+  static constexpr int kMinBlocksPerSm = sizeof(T) == 4 ? 3 : 2;
 
   static constexpr int kInputs = 1;
   __device__ static const T* input(const Args& a, int) { return a.x; }
+  using Param = W;
+  static constexpr int kParams = 2;
+  __host__ __device__ static const W* param(const Args& a, int j) { return j == 0 ? a.w : a.b; }
 
+  // par: the block's staged slices of w and b, or null (then they are read from global memory).
   template <typename Reduce>
-  __device__ static void row(const Args& a, const T* const* in, const row_stage::Slice& sl,
-                             Reduce&& reduce) {
+  __device__ static void row(const Args& a, const T* const* in, const W* const* par,
+                             const row_stage::Slice& sl, Reduce&& reduce) {
     const T* x = in[0];
     float mu = 0.f;
     if constexpr (!kRms) {
@@ -339,13 +347,19 @@ struct NormFwdStaged {
       if constexpr (!kRms) a.mean[sl.row] = mu;
       a.rstd[sl.row] = rs;
     }
+    auto write = [&](const W* w, const W* b) {  // the slices' first columns (or null)
 #pragma unroll 4
-    for (int p = sl.t; p < sl.packs; p += sl.n) {
-      const int64_t col = sl.col0 + int64_t(p) * VEC;
-      float v[VEC], out[VEC];
-      widen(load_pack<T, VEC>(x + p * VEC), v);
-      normalize_pack<VEC>(v, mu, rs, a.w ? a.w + col : nullptr, a.b ? a.b + col : nullptr, out);
-      store_pack_global<T, VEC>(a.y + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
+      for (int p = sl.t; p < sl.packs; p += sl.n) {
+        float v[VEC], out[VEC];
+        widen(load_pack<T, VEC>(x + p * VEC), v);
+        normalize_pack<VEC>(v, mu, rs, w ? w + p * VEC : nullptr, b ? b + p * VEC : nullptr, out);
+        store_pack_global<T, VEC>(a.y + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
+      }
+    };
+    if (par != nullptr) {
+      write(par[0], par[1]);
+    } else {
+      write(a.w ? a.w + sl.col0 : nullptr, a.b ? a.b + sl.col0 : nullptr);
     }
   }
 };

@@ -11,8 +11,13 @@
 // row-major inputs of the same shape (input(a, i): x; or y and dy for the softmax backward); its
 // row() reads its row (slice) of each from shared memory in as many passes as it needs and
 // all-reduces through the engine's reduce(), which every thread of the block must call the same
-// number of times. Preconditions: contiguous rows; every input, output and weight 16-byte aligned
-// and the row length a multiple of VEC (the callers' vectorized path); plan() checks the rest.
+// number of times. A Policy with kParams > 0 also has per-column vectors of type Param
+// (param(a, j): a norm's weight and bias, or null); where plan() makes room (long rows) row()
+// gets the block's slice of each staged beside the rows (null for a null param), else a null
+// array and reads them from global memory itself (one pointer for both would make every load a
+// generic one). Preconditions:
+// contiguous rows; every input, output and weight 16-byte aligned and the row length a multiple of
+// VEC (the callers' vectorized path); plan() checks the rest.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -64,7 +69,8 @@ struct Plan {
   int ranks;        // blocks per row: > 1 is a cluster; 0 when the engine can't take the rows
   int teams;        // rows per block (1 in a cluster)
   int slice_packs;  // packs of VEC per row slice (a block's part of a row) of each input
-  int smem;         // teams * kInputs * slice bytes
+  int params;       // non-null params staged beside the rows (0: row() reads global memory)
+  int smem;         // teams * kInputs * slice bytes + the staged params' slices
 };
 
 // ------------------------------------------------------------------ kernel
@@ -87,7 +93,7 @@ __device__ __forceinline__ float fold(const T* x, const Slice& sl, float init, F
 // - 1, or slice q of row c. Thread t of a team owns the packs t, t + n, ...: consecutive
 // 16-byte words across a warp, so shared-memory reads have no bank conflicts.
 template <typename Policy, int VEC>
-__global__ void __launch_bounds__(kMaxThreads, 2)
+__global__ void __launch_bounds__(kMaxThreads, Policy::kMinBlocksPerSm)
     staged_rows_kernel(typename Policy::Args a, int64_t rows, int64_t cols, Plan p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using T = typename Policy::T;
@@ -106,21 +112,32 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   // Input i's slices of the block's rows: p.teams of them from staged_input(i).
   auto staged_input = [&](int i) { return reinterpret_cast<T*>(staged) + i * p.teams * slice; };
 
+  // The k-th non-null param's slice, staged after the inputs' (only where p.teams == 1).
+  using P = typename Policy::Param;
+  auto staged_param = [&](int k) {
+    return reinterpret_cast<P*>(staged_input(Policy::kInputs)) + k * slice;
+  };
   if (threadIdx.x == 0) {
     sm90::mbar_init(&landed);
     sm90::fence_mbar_init();
     const int64_t n = rows - row0 < p.teams ? rows - row0 : p.teams;  // the last block: fewer
     const unsigned bytes = unsigned(n * slice * int64_t(sizeof(T)));  // per input
-    sm90::mbar_arrive_expect(&landed, bytes * Policy::kInputs);
+    const unsigned param_bytes = unsigned(slice * int64_t(sizeof(P)));
+    sm90::mbar_arrive_expect(&landed, bytes * Policy::kInputs + p.params * param_bytes);
+    auto copy = [&](void* to, const void* from, unsigned size) {
+      for (unsigned off = 0; off < size; off += kMaxCopyBytes) {
+        sm90::bulk_load(static_cast<unsigned char*>(to) + off,
+                        static_cast<const unsigned char*>(from) + off,
+                        size - off < kMaxCopyBytes ? size - off : kMaxCopyBytes, &landed);
+      }
+    };
 #pragma unroll
     for (int i = 0; i < Policy::kInputs; ++i) {
-      const auto* from =
-          reinterpret_cast<const unsigned char*>(Policy::input(a, i) + row0 * cols + rank * slice);
-      auto* to = reinterpret_cast<unsigned char*>(staged_input(i));
-      for (unsigned off = 0; off < bytes; off += kMaxCopyBytes) {
-        sm90::bulk_load(to + off, from + off,
-                        bytes - off < kMaxCopyBytes ? bytes - off : kMaxCopyBytes, &landed);
-      }
+      copy(staged_input(i), Policy::input(a, i) + row0 * cols + rank * slice, bytes);
+    }
+    for (int j = 0, k = 0; j < Policy::kParams && k < p.params; ++j) {
+      if (Policy::param(a, j))
+        copy(staged_param(k++), Policy::param(a, j) + rank * slice, param_bytes);
     }
   }
   __syncthreads();  // the barrier is initialized before anyone waits on it
@@ -159,7 +176,19 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
   const T* in[Policy::kInputs];  // this team's row slice of each input
 #pragma unroll
   for (int i = 0; i < Policy::kInputs; ++i) in[i] = staged_input(i) + team * slice;
-  Policy::row(a, in, sl, reduce);
+  if constexpr (Policy::kParams > 0) {
+    if (p.params > 0) {
+      const P* par[Policy::kParams];  // the staged slices
+      for (int j = 0, k = 0; j < Policy::kParams; ++j) {
+        par[j] = Policy::param(a, j) ? staged_param(k++) : nullptr;
+      }
+      Policy::row(a, in, par, sl, reduce);
+    } else {
+      Policy::row(a, in, static_cast<const P* const*>(nullptr), sl, reduce);
+    }
+  } else {
+    Policy::row(a, in, sl, reduce);
+  }
   cluster.close();
 #endif
 }
@@ -176,16 +205,34 @@ __global__ void __launch_bounds__(kMaxThreads, 2)
 // / 75 with the mailbox exchange, and 16 slices of 64 KB (three blocks per SM where 128 KB
 // slices leave one) 97 / 80 / 87.
 template <typename Policy>
-Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& dev) {
-  const Plan none{0, 0, 0, 0, 0};
+Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& dev, int params) {
+  const Plan none{0, 0, 0, 0, 0, 0};
   const int64_t row_bytes = cols * int64_t(sizeof(typename Policy::T));
   if (dev.cc_major < 9 || row_bytes < kMinRowBytes) return none;
   const int64_t staged_bytes = row_bytes * Policy::kInputs;
   int ranks = 1;
   while (staged_bytes / ranks > kSliceBytes && ranks < max_ranks) ranks *= 2;
-  const int64_t slice_bytes = staged_bytes / ranks;
-  if (slice_bytes > dev.max_smem_optin - kStaticSmem || cols % (int64_t(ranks) * vec) != 0)
+  if (staged_bytes / ranks > dev.max_smem_optin - kStaticSmem || cols % (int64_t(ranks) * vec) != 0)
     return none;
+  // Rows split over a cluster stage their params too where a block's slices, params included,
+  // still fit kSliceBytes with at least half of it for the rows: the params' loads, issued
+  // last, stalled the writes (Nsight Compute, H200, bf16 layer_norm, 262144 columns), but
+  // smaller row slices put fewer DRAM bytes in flight. Measured on an H100, % of copy: rms_norm
+  // bf16 1024x131072 91.8 -> 95.2 and 512x262144 89.3 -> 92.8 (32 KB of weight beside 32 KB of
+  // row); layer_norm, whose weight and bias would make 64 KB beside 32 KB of row, lost with
+  // them staged (same build, global -> staged): fp32 1024x131072 85.9 -> 61.8, bf16 512x262144
+  // 76.4 -> 59.5.
+  int64_t param_bytes = cols * int64_t(sizeof(typename Policy::Param)) * params;  // or 0
+  int param_ranks = ranks;
+  while ((staged_bytes + param_bytes) / param_ranks > kSliceBytes && param_ranks < max_ranks)
+    param_ranks *= 2;
+  if (ranks > 1 && param_bytes > 0 && (staged_bytes + param_bytes) / param_ranks <= kSliceBytes &&
+      staged_bytes / param_ranks >= kSliceBytes / 2 && cols % (int64_t(param_ranks) * vec) == 0) {
+    ranks = param_ranks;
+  } else {
+    param_bytes = 0;
+  }
+  const int64_t slice_bytes = staged_bytes / ranks;
   int teams = 1;
   while (ranks == 1 && teams * 2 * slice_bytes <= kGroupBytes && teams * 2 <= kMaxThreads / 32 &&
          rows / (teams * 2) >= int64_t(kMinBlocksPerSm) * dev.sm_count) {
@@ -197,8 +244,12 @@ Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& 
     per_team *= 2;
   }
   while (teams * per_team < kMinThreads) per_team *= 2;
-  return {teams * per_team, ranks, teams, static_cast<int>(cols / ranks / vec),
-          static_cast<int>(teams * slice_bytes)};
+  return {teams * per_team,
+          ranks,
+          teams,
+          static_cast<int>(cols / ranks / vec),
+          param_bytes > 0 ? params : 0,
+          static_cast<int>(teams * slice_bytes + param_bytes / ranks)};
 }
 
 // Whether `ranks`-block clusters of this kernel with `smem` bytes of dynamic shared memory each
@@ -233,10 +284,12 @@ template <typename Policy, int VEC>
 bool try_launch(const typename Policy::Args& a, int64_t rows, int64_t cols, const DeviceInfo& dev,
                 cudaStream_t stream, cudaError_t* err) {
   constexpr auto kernel = staged_rows_kernel<Policy, VEC>;
-  Plan p = plan<Policy>(rows, cols, VEC, sm90::kMaxRanks, dev);
+  int params = 0;  // non-null ones
+  for (int j = 0; j < Policy::kParams; ++j) params += Policy::param(a, j) != nullptr;
+  Plan p = plan<Policy>(rows, cols, VEC, sm90::kMaxRanks, dev, params);
   if (p.ranks == 0 ||
       (p.ranks > kPortableRanks && !can_run<kernel>(p.smem, p.ranks, p.threads, dev))) {
-    p = plan<Policy>(rows, cols, VEC, kPortableRanks, dev);
+    p = plan<Policy>(rows, cols, VEC, kPortableRanks, dev, params);
   }
   if (p.ranks == 0 || !can_run<kernel>(p.smem, p.ranks, p.threads, dev)) return false;
   const int64_t blocks = (rows + p.teams - 1) / p.teams * p.ranks;

@@ -57,6 +57,10 @@ struct SoftmaxBwdStaged {
   static constexpr int kBytesPerThread = 256;  // of y and dy together
 
   __device__ static const T* input(const Args& a, int i) { return i == 0 ? a.y : a.dy; }
+  static constexpr int kMinBlocksPerSm = 2;
+  using Param = T;
+  static constexpr int kParams = 0;
+  __host__ __device__ static const T* param(const Args&, int) { return nullptr; }
 
   template <typename Reduce>
   __device__ static void row(const Args& a, const T* const* in, const row_stage::Slice& sl,

@@ -63,6 +63,10 @@ struct SoftmaxFwdStaged {
 
   static constexpr int kInputs = 1;
   __device__ static const T* input(const Args& a, int) { return a.x; }
+  static constexpr int kMinBlocksPerSm = 2;
+  using Param = T;
+  static constexpr int kParams = 0;
+  __host__ __device__ static const T* param(const Args&, int) { return nullptr; }
 
   template <typename Reduce>
   __device__ static void row(const Args& a, const T* const* in, const row_stage::Slice& sl,
