@@ -396,9 +396,9 @@ def test_cuda_bad_inputs():
 # of 512 threads (<= 131072), then of up to 1024 (<= 262144), and the looping kernel beyond
 # (on sm_90+ the staged forward takes 16-byte-aligned rows of 8 KB up to 8 slices of shared
 # memory: fp32 262144 as 8 slices of 128 KB); backward on sm_90+ the staged kernel (bf16 4096
-# as one block, 131072 as 16 blocks of 1024 threads of one pack; fp32 4096; fp32 layer_norm
-# 131072 as 16 blocks of 1024), else warp teams (<= 512), block teams (<= 8192), clusters of up
-# to 16 (<= 131072; 32 elements per thread <= 262144), looping;
+# as one block, 131072 as 16 blocks of 512; fp32 4096; fp32 layer_norm 131072 as 16 blocks of
+# 1024), else warp teams (<= 512), block teams (<= 8192), clusters of up to 16 (<= 131072; 32
+# elements per thread <= 262144), looping;
 # and odd lengths, which take the unaligned (scalar) variant of each (forward <= 128 / 8192 /
 # 65536, backward <= 256 / 4096 / 65536). Without clusters (before sm_90) the long rows take the
 # looping kernels.
@@ -483,9 +483,8 @@ def test_cuda_rows_grouped_per_block(dtype, cols, op):
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_backward_many_rows_per_team(dtype, cols, op):
     """Rows enough for each persistent team of the staged backward (sm_90+: one block; clusters
-    of 2, of 4 whose last threads own one pack of two, of 8, and of 16 blocks of 1024 threads
-    owning one pack each) to refill its shared-memory stages and its cluster mailbox many times
-    over."""
+    of 2, of 4 whose last threads own one pack of two, of 8, and of 16 blocks of 512) to refill
+    its shared-memory stages and its cluster mailbox many times over."""
     x = torch.randn(3 + 2**24 // cols, cols, dtype=dtype, device="cuda")
     for mode in ["same", "none"]:
         _check(op, x, [cols], *_params(op, mode, cols, dtype, "cuda"), 1e-5)

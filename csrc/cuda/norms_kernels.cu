@@ -19,7 +19,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -576,7 +575,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
 // kBwdStages - 1 rows' x and dy slices already on their way into shared memory (bulk copies
 // completing on an mbarrier per stage), so DRAM keeps serving this team while it reduces and
 // writes the current row; the register tiers above issue a row's loads only once the previous
-// row is done. Each thread owns kPacks packs of its block's slice (packs t and
+// row is done. Each thread owns kBwdStagedPacks packs of its block's slice (packs t and
 // t + blockDim.x): their weights and dweight/dbias sums live in registers, and at the end the
 // thread writes its columns of the team's partial row. Numerics as norm_bwd_kernel.
 // Measured on an H100 (% of copy, layer_norm / rms_norm, against the register tiers in another
@@ -589,26 +588,28 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
 // now clusters of up to 16 blocks serve every row they hold: 4096x32768 bf16 71.5 / 75.7 -> 88.5
 // / 87.2 and fp32 90.5 / 89.2 -> 92.8 / 92.7 (register tiers with the old exchange -> this
 // kernel). Capping registers to fit more blocks spilled and lost: bf16 at 80 registers,
-// 16384x4096, 74 / 77.
+// 16384x4096, 74 / 77; so did, at 1024x131072, 16 blocks of 1024 threads owning one pack each
+// (64 registers) in place of 16 of 512 owning two (100-119): bf16 74.7 / 82.8 -> 64.2 / 70.9,
+// fp16 73.6 / 79.6 -> 58.4 / 69.6.
 constexpr int kBwdStages = 2;
-constexpr int kBwdStagedPacks = 2;      // per thread
+constexpr int kBwdStagedPacks = 2;
 constexpr int kBwdStagedThreads = 256;  // per block; more only for rows 16 such blocks can't hold:
-// fp32 up to 512, and 1024 for fp32 layer_norm (64 registers, one block per SM; H100,
-// 1024x131072: 82 against 69 for its cluster register tier, which spills, while rms_norm's
-// register tier ran 83-84 against 76 here); fp16/bf16 blocks of 1024 threads owning one pack
-// each, at half the registers of two (~124 at two packs: one 512-thread block per SM).
-template <typename T, bool kRms, int kPacks>
+// up to 512 (fp16/bf16 blocks take ~124 registers), and 1024 for fp32 layer_norm (64 registers,
+// one block per SM; H100, 1024x131072: 82 against 69 for its cluster register tier, which
+// spills, while rms_norm's register tier ran 83-84 against 76 here).
+template <typename T, bool kRms>
 constexpr int staged_bwd_max_threads() {
-  return (sizeof(T) == 4 && !kRms) || kPacks == 1 ? 1024 : 512;
+  return sizeof(T) == 4 && !kRms ? 1024 : 512;
 }
 
-template <typename T, typename W, bool kRms, int VEC, int kPacks>
-__global__ void __launch_bounds__(staged_bwd_max_threads<T, kRms, kPacks>())
+template <typename T, typename W, bool kRms, int VEC>
+__global__ void __launch_bounds__(staged_bwd_max_threads<T, kRms>())
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
   __shared__ uint64_t landed[kBwdStages];
   __shared__ float2 scratch[kWarp];
+  constexpr int kPacks = kBwdStagedPacks;
   const Team team = make_team<false>(blockDim.x);
   sm90::ClusterExchange cluster(team.ranks);
   const int rank = team.t / blockDim.x, tid = threadIdx.x;
@@ -989,32 +990,20 @@ bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
 }
 
 // The staged backward's team: a block of up to kBwdStagedThreads, or the fewest blocks of a
-// cluster of up to kMaxBwdClusterRanks that hold the row, or such blocks of the next size in
-// kOptions. No kernel before sm_90, for rows under 8 KB or that no such team holds, or where the
-// row doesn't split into equal slices.
+// cluster of up to kMaxBwdClusterRanks that hold the row, or such blocks of up to 512 threads, or
+// staged_bwd_max_threads. No kernel before sm_90, for rows under 8 KB or that no such team holds,
+// or where the row doesn't split into equal slices.
 template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < row_stage::kMinRowBytes) return {};
-  constexpr int kPacks = kBwdStagedPacks;
-  constexpr std::array<TeamShape, 3> kOptions =  // {ranks (any), threads, packs}, in order
-      sizeof(T) == 2
-          ? std::array<TeamShape, 3>{{{0, kBwdStagedThreads, kPacks}, {0, 1024, 1}}}
-          : std::array<TeamShape, 3>{{{0, kBwdStagedThreads, kPacks},
-                                      {0, 512, kPacks},
-                                      {0, staged_bwd_max_threads<T, kRms, kPacks>(), kPacks}}};
   TeamShape s = {0, 0, 0};
-  for (const TeamShape& o : kOptions) {
-    if (s.ranks == 0 && o.threads > 0) {
-      s = team_shape(a.cols, VEC, {o.packs}, o.threads, kMaxBwdClusterRanks);
-    }
+  for (const int threads : {kBwdStagedThreads, 512, staged_bwd_max_threads<T, kRms>()}) {
+    if (s.ranks == 0) s = team_shape(a.cols, VEC, {kBwdStagedPacks}, threads, kMaxBwdClusterRanks);
   }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
   const size_t smem = size_t(kBwdStages) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
-  auto kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kPacks>;
-  if constexpr (sizeof(T) == 2) {
-    if (s.packs == 1) kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, 1>;
-  }
-  return {kernel, {0, s.threads, smem, s.ranks}, s.threads, false, 0};
+  return {
+      norm_bwd_staged_kernel<T, W, kRms, VEC>, {0, s.threads, smem, s.ranks}, s.threads, false, 0};
 }
 
 // The staged kernel on sm_90+, then warp teams for short rows, block and cluster teams (x and
