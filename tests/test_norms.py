@@ -459,10 +459,11 @@ def test_cuda_backward_weight_grad_only(dtype, cols, op):
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_rows_grouped_per_block(dtype, cols, op):
     """Enough rows for the staged forward (sm_90+) to put several rows in one block (up to 32 KB
-    of them), and a row count that leaves the last block partly empty."""
+    of them, beside one staged copy of their weight and bias), and a row count that leaves the
+    last block partly empty."""
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
     x = torch.randn(16 * sms + 3, cols, dtype=dtype, device="cuda")
-    for mode in ["same", "none"]:
+    for mode in ["same", "none", "weight", "bias", "fp32"]:
         _check(op, x, [cols], *_params(op, mode, cols, dtype, "cuda"), 1e-5)
 
 
