@@ -565,7 +565,14 @@ def test_cuda_every_kernel_path(cuda_device, log, dtype, n, misaligned):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "dtype,n", [(torch.bfloat16, 4096), (torch.float32, 2048), (torch.float16, 8192)]
+    "dtype,n",
+    [
+        (torch.bfloat16, 4096),
+        (torch.float32, 2048),
+        (torch.float16, 8192),
+        (torch.bfloat16, 2048),
+        (torch.float32, 1024),
+    ],
 )
 @pytest.mark.parametrize("log", OPS)
 def test_cuda_rows_grouped_per_block(cuda_device, log, dtype, n):
