@@ -394,7 +394,7 @@ def test_cuda_bad_inputs():
 # Row lengths that reach every kernel tier (bf16 counts; fp32 tiers end at about half):
 # forward warp teams (<= 256, 512, 1024), block teams (<= 32768), cluster teams of 2..8 blocks
 # of 512 threads (<= 131072), then of up to 1024 (<= 262144), and the looping kernel beyond
-# (on sm_90+ the staged forward takes 16-byte-aligned rows of 4 KB up to 8 slices of shared
+# (on sm_90+ the staged forward takes 16-byte-aligned rows of 8 KB up to 8 slices of shared
 # memory: fp32 262144 as 8 slices of 128 KB); backward on sm_90+ the staged kernel (bf16 4096
 # as one block, 131072 as 16 blocks of 512; fp32 4096; fp32 layer_norm 131072 as 16 blocks of
 # 1024), else warp teams (<= 512), block teams (<= 8192), clusters of up to 16 (<= 131072; 32
@@ -463,8 +463,8 @@ def test_cuda_backward_weight_grad_only(dtype, cols, op):
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_rows_grouped_per_block(dtype, cols, op):
     """Enough rows for the staged forward (sm_90+) to put several rows in one block (up to 32 KB
-    of them, beside one staged copy of their weight and bias; 4 KB rows: eight 32-thread teams),
-    and a row count that leaves the last block partly empty."""
+    of them, beside one staged copy of their weight and bias; 4 KB rows: the register tiers), and
+    a row count that leaves the last block partly empty."""
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
     x = torch.randn(16 * sms + 3, cols, dtype=dtype, device="cuda")
     for mode in ["same", "none", "weight", "bias", "fp32"]:

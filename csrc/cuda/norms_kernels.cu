@@ -1,6 +1,6 @@
 // layer_norm / rms_norm forward and backward (kRms: rms_norm, i.e. mean 0 and no bias).
-// On sm_90+, 16-byte-aligned rows of 4 KB (forward) or 8 KB (backward) and more: forward, the
-// staged row engine (row_stage.cuh, NormFwdStaged below); backward, persistent teams that stage the next rows in
+// On sm_90+, 16-byte-aligned rows of 8 KB and more: forward, the staged row engine
+// (row_stage.cuh, NormFwdStaged below); backward, persistent teams that stage the next rows in
 // shared memory (norm_bwd_staged_kernel). Otherwise: each row belongs to a team of
 // threads that holds it in registers, kPacks packs of VEC elements per thread (16-byte accesses
 // when VEC = kVec16<T>), so x is read once and y written once: a warp (short rows, several per
@@ -593,10 +593,6 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
 // fp16 73.6 / 79.6 -> 58.4 / 69.6.
 constexpr int kBwdStages = 2;
 constexpr int kBwdStagedPacks = 2;
-// Rows from 8 KB: at 4 KB (as the forward engine's threshold) rms_norm lost to its register
-// tiers (H100, % of copy: bf16 32768x2048 89.4 -> 82.7, fp32 65536x1024 87.9 -> 84.6) where
-// layer_norm bf16 32768x2048 gained 83.3 -> 86.8.
-constexpr int kBwdStagedMinRowBytes = 8 << 10;
 constexpr int kBwdStagedThreads = 256;  // per block; more only for rows 16 such blocks can't hold:
 // up to 512 (fp16/bf16 blocks take ~124 registers), and 1024 for fp32 layer_norm (64 registers,
 // one block per SM; H100, 1024x131072: 82 against 69 for its cluster register tier, which
@@ -999,7 +995,7 @@ bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
 // or where the row doesn't split into equal slices.
 template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
-  if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < kBwdStagedMinRowBytes) return {};
+  if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < row_stage::kMinRowBytes) return {};
   TeamShape s = {0, 0, 0};
   for (const int threads : {kBwdStagedThreads, 512, staged_bwd_max_threads<T, kRms>()}) {
     if (s.ranks == 0) s = team_shape(a.cols, VEC, {kBwdStagedPacks}, threads, kMaxBwdClusterRanks);
