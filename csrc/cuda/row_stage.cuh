@@ -66,6 +66,19 @@ struct Slice {
   bool lead;       // the thread that writes per-row statistics
 };
 
+// A Policy's kMinBlocksPerSm (for __launch_bounds__) and params, where it has none: derive from
+// Defaults<T> (a Policy declaring its own hides these).
+template <typename T>
+struct Defaults {
+  static constexpr int kMinBlocksPerSm = 2;  // 512-thread blocks: at most 64 registers
+  using Param = T;
+  static constexpr int kParams = 0;
+  template <typename Args>
+  __host__ __device__ static const Param* param(const Args&, int) {
+    return nullptr;
+  }
+};
+
 struct Plan {
   int threads;      // per block
   int ranks;        // blocks per row: > 1 is a cluster; 0 when the engine can't take the rows

@@ -50,17 +50,13 @@ __global__ void __launch_bounds__(kOnlineThreads)
 // The backward through the staged row engine (row_stage.cuh, sm_90+): y and dy both staged, the
 // row's sum reduced once, dx written from shared memory.
 template <typename T_, int VEC>
-struct SoftmaxBwdStaged {
+struct SoftmaxBwdStaged : row_stage::Defaults<T_> {
   using T = T_;
   using Args = typename SoftmaxBwd<T>::Args;
   static constexpr int kInputs = 2;
   static constexpr int kBytesPerThread = 256;  // of y and dy together
 
   __device__ static const T* input(const Args& a, int i) { return i == 0 ? a.y : a.dy; }
-  static constexpr int kMinBlocksPerSm = 2;
-  using Param = T;
-  static constexpr int kParams = 0;
-  __host__ __device__ static const T* param(const Args&, int) { return nullptr; }
 
   template <typename Reduce>
   __device__ static void row(const Args& a, const T* const* in, const row_stage::Slice& sl,

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kOnlineThreads)
 // Forward through the staged row engine (row_stage.cuh, sm_90+): each thread's (max, sum of
 // exp) over its part of the row, merged as the register tiers do.
 template <typename T_, int VEC>
-struct SoftmaxFwdStaged {
+struct SoftmaxFwdStaged : row_stage::Defaults<T_> {
   using T = T_;
   using Args = typename SoftmaxFwd<T>::Args;
   // Fewer threads per row than the norms: measured on an H100 (bf16, % of copy), 256 bytes per
@@ -63,10 +63,6 @@ struct SoftmaxFwdStaged {
 
   static constexpr int kInputs = 1;
   __device__ static const T* input(const Args& a, int) { return a.x; }
-  static constexpr int kMinBlocksPerSm = 2;
-  using Param = T;
-  static constexpr int kParams = 0;
-  __host__ __device__ static const T* param(const Args&, int) { return nullptr; }
 
   template <typename Reduce>
   __device__ static void row(const Args& a, const T* const* in, const row_stage::Slice& sl,
