@@ -463,7 +463,7 @@ def test_cuda_backward_weight_grad_only(dtype, cols, op):
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_rows_grouped_per_block(dtype, cols, op):
     """Enough rows for the staged forward (sm_90+) to put several rows in one block (up to 32 KB
-    of them, beside one staged copy of their weight and bias; 4 KB rows: the register tiers), and
+    of them, beside one staged copy of their weight and bias; from 4 KB rows), and
     a row count that leaves the last block partly empty."""
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
     x = torch.randn(16 * sms + 3, cols, dtype=dtype, device="cuda")

@@ -41,15 +41,13 @@ constexpr int kMaxReductions = 2;             // per row (layer_norm: mean, then
 constexpr int kPortableRanks = 8;             // blocks per cluster that every sm_90+ GPU runs
 constexpr int kStaticSmem = 4 << 10;          // beside the staged rows: barrier, scratch
 constexpr unsigned kMaxCopyBytes = 32 << 10;  // per bulk copy instruction
-constexpr int kMinRowBytes = 8 << 10;         // shorter rows: the register tiers
-// Sizes measured on an H100 (bf16 and fp32, 4096-262144 columns, % of copy): slices of up to
+constexpr int kMinRowBytes = 4 << 10;         // shorter rows: the register tiers
+// Sizes measured on an H100 (bf16 and fp32, 2048-262144 columns, % of copy): slices of up to
 // 64 KB, three blocks per SM (32 KB slices: 4096x32768 softmax 88 instead of 95), short rows
 // grouped into blocks of up to 32 KB (16 KB: up to a point lower) while there are at least
-// kMinBlocksPerSm blocks per SM. Rows under 8 KB stay in the register tiers: 4096x1024 fp32,
-// grouped 8 to a block (3-4 blocks per SM), ran rms_norm at 64% of copy (kernel only) against
-// their 73%. (A later build measured 4 KB rows faster staged, 66-89 -> 90-97 at bf16 2048 and
-// fp32 1024 columns: h100-row-stage-notes.md, section 6; not adopted until the CUDA tests run
-// at that threshold.)
+// kMinBlocksPerSm blocks per SM. Rows from 4 KB: the engine from 4 KB instead of 8 KB took bf16
+// 32768x2048 rms_norm / layer_norm / softmax from 67 / 69 / 83 to 94 / 90 / 93 (the register
+// tiers' 4 KB rows lose to a block's eight rows in flight), fp32 65536x1024 from 85-89 to 96-97.
 constexpr int kSliceBytes = 64 << 10;
 constexpr int kGroupBytes = 32 << 10;
 constexpr int kMinThreads = 128;
