@@ -181,6 +181,21 @@ def test_gpu_dbias_deterministic(dtype, device):
         assert torch.equal(dx, runs[0][0]) and torch.equal(db, runs[0][1])
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape", [(20000, 1001), (60000, 64), (300, 3)])
+def test_cuda_dbias_many_partial_rows(shape, dtype):
+    """dbias from many per-block partial rows (their sum's block shape follows the count), of
+    a row length that isn't a multiple of 4 (the partial rows' padding is never read)."""
+    x, b = inputs(shape, dtype, "cuda", requires_grad=True)
+    dy = torch.randn(shape, dtype=dtype, device="cuda")
+    _, db = torch.autograd.grad(fusedops.bias_gelu(x, b), (x, b), dy)
+    y_ref, xr, br = reference(x, b, "none")
+    _, db_ref = torch.autograd.grad(y_ref, (xr, br), dy.double().cpu())
+    _, db_torch = torch.autograd.grad(F.gelu(x + b), (x, b), dy)
+    assert_close_to_reference(db, db_torch, db_ref, dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(4096, 1024), (40, 9000), (3, 70000)])
 def test_cpu_dbias_same_bits_for_any_thread_count(shape, dtype):

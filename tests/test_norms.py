@@ -457,16 +457,25 @@ def test_cuda_backward_weight_grad_only(dtype, cols, op):
 @cuda_only
 @pytest.mark.parametrize(
     "dtype,cols",
-    [(torch.bfloat16, 4096), (torch.float32, 2048), (torch.bfloat16, 2048), (torch.float32, 1024)],
+    [
+        (torch.bfloat16, 4096),
+        (torch.float32, 2048),
+        (torch.bfloat16, 2048),
+        (torch.float32, 1024),
+        (torch.bfloat16, 1024),
+        (torch.float32, 512),
+    ],
     ids=str,
 )
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_rows_grouped_per_block(dtype, cols, op):
     """Enough rows for the staged forward (sm_90+) to put several rows in one block (up to 32 KB
-    of them, beside one staged copy of their weight and bias; from 4 KB rows), and
-    a row count that leaves the last block partly empty."""
+    of them, beside one staged copy of their weight and bias; rows under 4 KB only where they
+    fill three waves of 32 KB blocks, rms_norm's from 2 KB), and a row count that leaves the last
+    block partly empty."""
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
-    x = torch.randn(16 * sms + 3, cols, dtype=dtype, device="cuda")
+    rows = (16 if cols * dtype.itemsize >= 4096 else 200) * sms + 3
+    x = torch.randn(rows, cols, dtype=dtype, device="cuda")
     for mode in ["same", "none", "weight", "bias", "fp32"]:
         _check(op, x, [cols], *_params(op, mode, cols, dtype, "cuda"), 1e-5)
 

@@ -572,15 +572,18 @@ def test_cuda_every_kernel_path(cuda_device, log, dtype, n, misaligned):
         (torch.float16, 8192),
         (torch.bfloat16, 2048),
         (torch.float32, 1024),
+        (torch.bfloat16, 1024),
+        (torch.float32, 512),
     ],
 )
 @pytest.mark.parametrize("log", OPS)
 def test_cuda_rows_grouped_per_block(cuda_device, log, dtype, n):
     """Enough rows for the staged kernels (sm_90+) to put several rows in one block (up to 32 KB
-    of them: of x forward, of y and dy backward), and a row count that leaves the last block
-    partly empty."""
+    of them: of x forward, of y and dy backward; rows of 2-4 KB only where they fill three waves
+    of 32 KB blocks), and a row count that leaves the last block partly empty."""
     sms = torch.cuda.get_device_properties(cuda_device).multi_processor_count
-    x = make_input((16 * sms + 3, n), dtype, cuda_device)
+    rows = (16 if n * dtype.itemsize >= 4096 else 200) * sms + 3
+    x = make_input((rows, n), dtype, cuda_device)
     g = make_input(x.shape, dtype, cuda_device, scale=1.0)
     poison_allocator(cuda_device, x.numel() * x.element_size())
     y = fused_fn(log)(x, -1)

@@ -2,8 +2,8 @@
 // A block is bx x by threads: bx threads span 16-byte packs of a row segment (one warp wide at
 // most), by rows at a time; each thread keeps its bias pack in registers and walks kUnroll rows
 // with all loads issued before the math. Scalar packs (VEC=1) cover odd or unaligned sizes.
-// Math in fp32 (fp64 for double). dbias: per-block fp32 column partials in a workspace, then a
-// second kernel adds them in a fixed order: deterministic, no atomics.
+// Math in fp32 (fp64 for double). dbias: per-block fp32 column partials in a workspace, then
+// partial_rows::sum adds them in a fixed order: deterministic, no atomics.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -18,6 +18,7 @@
 #include "common/math.h"
 #include "common/vec.cuh"
 #include "cuda/bias_gelu_kernels.h"
+#include "cuda/partial_rows.cuh"
 
 namespace fusedops {
 namespace {
@@ -30,7 +31,6 @@ constexpr int kUnroll = 4;      // rows per thread whose loads are in flight tog
 constexpr int kBwdRowsPerThread = 16;
 constexpr int kBlocksPerSm = 8;  // "one wave" for kThreads-thread blocks at full occupancy
 constexpr int64_t kMaxGridY = 65535;
-constexpr int kReduceCols = 32, kReduceRows = 8;  // dbias reduction block
 
 struct Tiling {
   dim3 block, grid;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// partial (when not null) gets this block's column sums of dx: partial[blockIdx.y][col]. dx may
+// partial (when not null) gets this block's column sums of dx: partial[blockIdx.y * ld + col]. dx may
 // be dy (written in place: each element is read, then written, by the same thread), so neither is
 // __restrict__.
 template <typename T, int VEC, GeluApprox kApprox>
@@ -125,8 +125,8 @@ __global__ void __launch_bounds__(kThreads)
                          const T* __restrict__ x,         // [rows, cols]
                          const T* __restrict__ bias,      // [cols] or null
                          T* dx,                           // [rows, cols]
-                         acc_t<T>* __restrict__ partial,  // [gridDim.y, cols] or null
-                         int64_t rows, int64_t cols) {
+                         acc_t<T>* __restrict__ partial,  // [gridDim.y, ld] or null
+                         int64_t ld, int64_t rows, int64_t cols) {
   using Acc = acc_t<T>;
   __shared__ Acc red[kThreads * VEC];  // [blockDim.y][blockDim.x * VEC]
   const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
@@ -173,32 +173,7 @@ __global__ void __launch_bounds__(kThreads)
     Acc s = Acc(0);
     for (int ty = 0; ty < int(blockDim.y); ++ty) s += red[ty * seg + c];  // fixed order
     const int64_t gcol = int64_t(blockIdx.x) * seg + c;
-    if (gcol < cols) partial[int64_t(blockIdx.y) * cols + gcol] = s;
-  }
-}
-
-// dbias[c] = sum over p of partial[p][c]. Block (kReduceCols, kReduceRows): each thread adds a
-// strided subset of the parts, then the kReduceRows sums are added in order. Same bits each run.
-template <typename T>
-__global__ void __launch_bounds__(kReduceCols* kReduceRows)
-    bias_gelu_bwd_dbias_kernel(const acc_t<T>* __restrict__ partial,  // [parts, cols]
-                               T* __restrict__ dbias,                 // [cols]
-                               int64_t parts, int64_t cols) {
-  using Acc = acc_t<T>;
-  __shared__ Acc red[kReduceRows][kReduceCols];
-  const int64_t c = int64_t(blockIdx.x) * kReduceCols + threadIdx.x;
-  Acc s = Acc(0);
-  if (c < cols) {
-#pragma unroll 8
-    for (int64_t p = threadIdx.y; p < parts; p += kReduceRows) s += partial[p * cols + c];
-  }
-  red[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    Acc total = red[0][threadIdx.x];
-#pragma unroll
-    for (int i = 1; i < kReduceRows; ++i) total += red[i][threadIdx.x];
-    dbias[c] = from_acc<T>(total);
+    if (gcol < cols) partial[int64_t(blockIdx.y) * ld + gcol] = s;
   }
 }
 
@@ -215,13 +190,11 @@ void launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, acc_t<T
                 int64_t rows, int64_t cols, const DeviceInfo& dev, cudaStream_t stream) {
   const Tiling t = make_tiling(rows, cols / VEC, kBwdRowsPerThread, dev);
   record_launch(bias_gelu_bwd_kernel<T, VEC, kApprox>, int(t.block.x * t.block.y));
+  const int64_t ld = partial_rows::ld(cols);
   bias_gelu_bwd_kernel<T, VEC, kApprox><<<t.grid, t.block, 0, stream>>>(
-      dy, x, bias, dx, dbias != nullptr ? partial : nullptr, rows, cols);
+      dy, x, bias, dx, dbias != nullptr ? partial : nullptr, ld, rows, cols);
   if (dbias != nullptr) {
-    record_launch(bias_gelu_bwd_dbias_kernel<T>, kReduceCols * kReduceRows);
-    bias_gelu_bwd_dbias_kernel<T>
-        <<<static_cast<unsigned>(ceil_div(cols, kReduceCols)), dim3(kReduceCols, kReduceRows), 0,
-           stream>>>(partial, dbias, t.grid.y, cols);
+    partial_rows::sum<acc_t<T>, T>(partial, dbias, nullptr, nullptr, t.grid.y, ld, cols, stream);
   }
 }
 
@@ -250,7 +223,7 @@ size_t bias_gelu_bwd_workspace_bytes(int64_t rows, int64_t cols, const DeviceInf
   const int64_t gy =
       std::max(make_tiling(rows, ceil_div(cols, kVec16<T>), kBwdRowsPerThread, dev).grid.y,
                make_tiling(rows, cols, kBwdRowsPerThread, dev).grid.y);
-  return static_cast<size_t>(gy) * static_cast<size_t>(cols) * sizeof(acc_t<T>);
+  return static_cast<size_t>(gy * partial_rows::ld(cols)) * sizeof(acc_t<T>);
 }
 
 template <typename T>

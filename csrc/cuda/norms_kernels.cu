@@ -9,7 +9,7 @@
 // take looping kernels that read them twice, the second time mostly from L2. Numerics: fp32
 // throughout (fp64 for fp64 input, A below); mean and variance in two passes over the registers
 // (Welford per pack in the looping kernel, merged by Chan's formula). Backward: each team sums its
-// rows' dweight/dbias in shared memory into one A partial row; norm_partials_kernel adds the
+// rows' dweight/dbias in shared memory into one A partial row; partial_rows::sum adds the
 // partial rows in a fixed order: deterministic, no float atomics. Preconditions (the launchers
 // check them): rows, cols > 0; VEC > 1 only when cols % VEC == 0 and every pointer is 16-byte
 // aligned.
@@ -30,6 +30,7 @@
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "cuda/norms_kernels.h"
+#include "cuda/partial_rows.cuh"
 #include "cuda/row_stage.cuh"
 #include "cuda/sm90.cuh"
 
@@ -52,8 +53,6 @@ constexpr int kBwdLongElems = 32;          // 32 in rows a cluster of 16-element
 constexpr size_t kDefaultSmem = 48 << 10;  // dynamic shared memory beyond this must be opted into
 constexpr int kLoopThreads = 512;
 constexpr int kLoopUnroll = 4;        // packs in flight per thread in the looping kernels
-constexpr int kPartSlices = 8;        // norm_partials_kernel: partial rows summed in 8 slices
-constexpr int kPartCols = kWarp * 4;  // ... of 32 float4 columns per block
 
 // Two sums reduced together: float2 or double2.
 template <typename A>
@@ -323,6 +322,9 @@ struct NormFwdStaged {
   // took 48 registers (H100, fp32 layer_norm, % of copy: 4096x32768 96.9 at three blocks, 92.8
   // at two; bf16 capped for three spilled: 90 -> 78).
   static constexpr int kMinBlocksPerSm = sizeof(T) == 4 ? 3 : 2;
+  // layer_norm's rows under 4 KB lost staged even where they made many blocks (H100, bf16 % of
+  // copy against its register tier: 65536x1024 89.3 -> 86.7, 32768x1024 85.2 -> 78.1).
+  static constexpr int kMinRowBytes = kRms ? 2 << 10 : row_stage::kShortRowBytes;
 
   static constexpr int kInputs = 1;
   __device__ static const T* input(const Args& a, int) { return a.x; }
@@ -794,49 +796,6 @@ __global__ void __launch_bounds__(kLoopThreads, 1)
   }
 }
 
-// out[c] = sum over r = 0..parts-1 of part[r * ld + c], cast to W. blockIdx.y picks
-// (part0, out0) or (part1, out1). Thread (x, y) sums the 4-column group x over rows y, y + 8,
-// ...; the 8 slices are then added in order: fixed order, bitwise reproducible.
-template <typename A, typename W>
-__global__ void __launch_bounds__(kWarp* kPartSlices)
-    norm_partials_kernel(const A* part0, W* out0, const A* part1, W* out1, int64_t parts,
-                         int64_t ld, int64_t cols) {
-  using Quad = Pack<A, 4>;
-  __shared__ Quad red[kPartSlices][kWarp];
-  const A* part = blockIdx.y == 0 ? part0 : part1;
-  W* out = blockIdx.y == 0 ? out0 : out1;
-  for (int64_t tile = blockIdx.x; tile * kPartCols < cols; tile += gridDim.x) {
-    const int64_t c = tile * kPartCols + threadIdx.x * 4;
-    Quad s{};
-    // ld % 4 == 0: a whole group is one aligned load. The last group of a row whose cols is
-    // not a multiple of 4 reads only its written columns (the padding is never initialized).
-    const int valid = cols - c < 4 ? int(cols - c) : 4;
-    if (valid == 4) {
-#pragma unroll 4
-      for (int64_t r = threadIdx.y; r < parts; r += kPartSlices) {
-        const Quad v = load_pack<A, 4>(part + r * ld + c);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) s.v[j] += v.v[j];
-      }
-    } else if (valid > 0) {
-      for (int64_t r = threadIdx.y; r < parts; r += kPartSlices) {
-        for (int j = 0; j < valid; ++j) s.v[j] += part[r * ld + c + j];
-      }
-    }
-    red[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
-      Quad sum = red[0][threadIdx.x];
-      for (int k = 1; k < kPartSlices; ++k) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) sum.v[j] += red[k][threadIdx.x].v[j];
-      }
-      for (int j = 0; j < 4 && c + j < cols; ++j) out[c + j] = from_acc<W>(sum.v[j]);
-    }
-    __syncthreads();  // red is rewritten by the next tile
-  }
-}
-
 int64_t round_up_warp(int64_t n) { return ceil_div(n, kWarp) * kWarp; }
 
 // Blocks for `teams` row teams of `ranks` blocks: enough to fill the device many times over;
@@ -1057,8 +1016,6 @@ BwdPlan<T, W> bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   return vec ? bwd_plan_vec<T, W, kRms, V>(a, info) : bwd_plan_vec<T, W, kRms, 1>(a, info);
 }
 
-int64_t partial_ld(int64_t cols) { return ceil_div(cols, 4) * 4; }  // whole 4-column groups
-
 }  // namespace
 
 template <typename T, typename W, bool kRms>
@@ -1074,7 +1031,7 @@ template <typename T, typename W, bool kRms>
 int64_t norm_bwd_workspace_size(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   const int64_t n = (a.dw != nullptr) + (a.db != nullptr);
   if (n == 0) return 0;
-  return n * bwd_plan<T, W, kRms>(a, info).parts * partial_ld(a.cols);
+  return n * bwd_plan<T, W, kRms>(a, info).parts * partial_rows::ld(a.cols);
 }
 
 template <typename T, typename W, bool kRms>
@@ -1083,7 +1040,7 @@ cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, NormAcc<T>* workspace, con
   using A = NormAcc<T>;
   if (a.dx == nullptr && a.dw == nullptr && a.db == nullptr) return cudaSuccess;
   const BwdPlan<T, W> p = bwd_plan<T, W, kRms>(a, info);
-  const int64_t ld = partial_ld(a.cols), n = (a.dw != nullptr) + (a.db != nullptr);
+  const int64_t ld = partial_rows::ld(a.cols), n = (a.dw != nullptr) + (a.db != nullptr);
   PartialRows<A> part{a.dw != nullptr ? workspace : nullptr, nullptr, ld, p.group};
   if (a.db != nullptr) part.db = workspace + (a.dw != nullptr ? p.parts * ld : 0);
   if (n > 0 && p.zeroed_partials) {
@@ -1095,11 +1052,9 @@ cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, NormAcc<T>* workspace, con
   if (err != cudaSuccess || n == 0) return err;
   const A* part0 = part.dw != nullptr ? part.dw : part.db;
   W* out0 = a.dw != nullptr ? a.dw : a.db;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(a.cols, kPartCols), 1 << 20)),
-                  static_cast<unsigned>(n));
-  record_launch(norm_partials_kernel<A, W>, kWarp * kPartSlices);
-  norm_partials_kernel<A, W><<<grid, dim3(kWarp, kPartSlices), 0, stream>>>(
-      part0, out0, part.db, a.db, p.parts, ld, a.cols);
+  const bool both = n == 2;
+  partial_rows::sum(part0, out0, both ? part.db : nullptr, both ? a.db : nullptr, p.parts, ld,
+                    a.cols, stream);
   return cudaGetLastError();
 }
 

@@ -41,13 +41,23 @@ constexpr int kMaxReductions = 2;             // per row (layer_norm: mean, then
 constexpr int kPortableRanks = 8;             // blocks per cluster that every sm_90+ GPU runs
 constexpr int kStaticSmem = 4 << 10;          // beside the staged rows: barrier, scratch
 constexpr unsigned kMaxCopyBytes = 32 << 10;  // per bulk copy instruction
-constexpr int kMinRowBytes = 4 << 10;         // shorter rows: the register tiers
+// Rows of kShortRowBytes and more are staged; shorter ones, down to a Policy's kMinRowBytes,
+// where they fill kShortRowWaves waves of kGroupBytes blocks (kMinBlocksPerSm per SM: 52 MB on
+// an H100); else the register tiers run them.
+constexpr int kShortRowBytes = 4 << 10;
+constexpr int kShortRowWaves = 3;
 // Sizes measured on an H100 (bf16 and fp32, 2048-262144 columns, % of copy): slices of up to
 // 64 KB, three blocks per SM (32 KB slices: 4096x32768 softmax 88 instead of 95), short rows
 // grouped into blocks of up to 32 KB (16 KB: up to a point lower) while there are at least
 // kMinBlocksPerSm blocks per SM. Rows from 4 KB: the engine from 4 KB instead of 8 KB took bf16
 // 32768x2048 rms_norm / layer_norm / softmax from 67 / 69 / 83 to 94 / 90 / 93 (the register
 // tiers' 4 KB rows lose to a block's eight rows in flight), fp32 65536x1024 from 85-89 to 96-97.
+// Rows of 2-4 KB won where they make many blocks and lost where they make few: bf16 1024 columns,
+// 65536 / 131072 rows (4096 / 8192 blocks of 16 rows), softmax 85 / 87 -> 92 / 96, rms_norm 80 ->
+// 95 / 98, fp32 65536x768 82-86 -> 96-97 (all three ops); 16384x1024 (1024 blocks, two waves)
+// softmax 80 -> 73, layer_norm 77 -> 68; at 32768x1024 (2048 blocks) softmax 82 -> 85, rms_norm
+// 77 -> 89. The softmax backward, whose blocks hold half the rows (y and dy), lost at 16384 rows
+// of 1024 and 1536 bf16 columns (51 -> 45 and 73 -> 66): hence a size in bytes, not in blocks.
 constexpr int kSliceBytes = 64 << 10;
 constexpr int kGroupBytes = 32 << 10;
 constexpr int kMinThreads = 128;
@@ -64,11 +74,12 @@ struct Slice {
   bool lead;       // the thread that writes per-row statistics
 };
 
-// A Policy's kMinBlocksPerSm (for __launch_bounds__) and params, where it has none: derive from
-// Defaults<T> (a Policy declaring its own hides these).
+// A Policy's kMinBlocksPerSm (for __launch_bounds__), kMinRowBytes and params, where it has
+// none: derive from Defaults<T> (a Policy declaring its own hides these).
 template <typename T>
 struct Defaults {
   static constexpr int kMinBlocksPerSm = 2;  // 512-thread blocks: at most 64 registers
+  static constexpr int kMinRowBytes = 2 << 10;
   using Param = T;
   static constexpr int kParams = 0;
   template <typename Args>
@@ -221,7 +232,11 @@ template <typename Policy>
 Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& dev, int params) {
   const Plan none{0, 0, 0, 0, 0, 0};
   const int64_t row_bytes = cols * int64_t(sizeof(typename Policy::T));
-  if (dev.cc_major < 9 || row_bytes < kMinRowBytes) return none;
+  if (dev.cc_major < 9 || row_bytes < Policy::kMinRowBytes) return none;
+  if (row_bytes < kShortRowBytes &&
+      rows * row_bytes < int64_t(kShortRowWaves) * kMinBlocksPerSm * dev.sm_count * kGroupBytes) {
+    return none;
+  }
   const int64_t staged_bytes = row_bytes * Policy::kInputs;
   int ranks = 1;
   while (staged_bytes / ranks > kSliceBytes && ranks < max_ranks) ranks *= 2;

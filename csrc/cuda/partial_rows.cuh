@@ -1,0 +1,94 @@
+// Column sums of partial rows, for the backward kernels that reduce over rows (the norms'
+// dweight and dbias, bias_gelu's dbias): each block (or team) writes one fp32 (fp64) partial row,
+// then sum_kernel adds them in a fixed order: the same bits every run, no atomics.
+//   out[c] = sum over r < parts of part[r * ld + c], cast to W   (ld: whole 4-column groups)
+// A block is lanes x slices = kThreads threads: lanes 4-column groups side by side, slices
+// threads down the parts, each adding every slices-th row; the slices are then added in order.
+// The partials were just written and sit in L2, so the time is load latency: many parts take
+// more slices (each thread adds at most ~kRowsPerThread of them) and narrower tiles, which also
+// make more blocks. A fixed 32 x 8 ran 32 blocks for 4096 columns with each thread 33-50 loads
+// deep; a fixed 8 x 32 left most slices idle where a few parts have many columns.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/kernel_registry.h"
+#include "common/launch.h"
+#include "common/vec.cuh"
+
+namespace fusedops {
+namespace partial_rows {
+
+constexpr int kThreads = 256;
+constexpr int kMinSlices = 8, kMaxSlices = 32;
+constexpr int kRowsPerThread = 8;
+
+inline int slices_for(int64_t parts) {
+  int s = kMinSlices;
+  while (s < kMaxSlices && int64_t(s) * kRowsPerThread < parts) s *= 2;
+  return s;
+}
+
+// The row stride of a partial buffer: whole 4-column groups, so that every group is one
+// aligned load.
+inline int64_t ld(int64_t cols) { return ceil_div(cols, 4) * 4; }
+
+// blockIdx.y picks (part0, out0) or (part1, out1). blockDim: (lanes, slices).
+template <typename A, typename W>
+__global__ void __launch_bounds__(kThreads)
+    sum_kernel(const A* part0, W* out0, const A* part1, W* out1, int64_t parts, int64_t ld,
+               int64_t cols) {
+  using Quad = Pack<A, 4>;
+  __shared__ Quad red[kThreads];  // [slice][lane]
+  const int lanes = blockDim.x, slices = blockDim.y;
+  const A* part = blockIdx.y == 0 ? part0 : part1;
+  W* out = blockIdx.y == 0 ? out0 : out1;
+  for (int64_t tile = blockIdx.x; tile * lanes * 4 < cols; tile += gridDim.x) {
+    const int64_t c = (tile * lanes + threadIdx.x) * 4;
+    Quad s{};
+    // The last group of a row whose cols is not a multiple of 4 reads only its written columns
+    // (the padding is never initialized).
+    const int valid = cols - c < 4 ? int(cols - c) : 4;
+    if (valid == 4) {
+#pragma unroll 4  // loads in flight per thread
+      for (int64_t r = threadIdx.y; r < parts; r += slices) {
+        const Quad v = load_pack<A, 4>(part + r * ld + c);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) s.v[j] += v.v[j];
+      }
+    } else if (valid > 0) {
+      for (int64_t r = threadIdx.y; r < parts; r += slices) {
+        for (int j = 0; j < valid; ++j) s.v[j] += part[r * ld + c + j];
+      }
+    }
+    red[threadIdx.y * lanes + threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+      Quad sum = red[threadIdx.x];
+      for (int k = 1; k < slices; ++k) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sum.v[j] += red[k * lanes + threadIdx.x].v[j];
+      }
+      for (int j = 0; j < 4 && c + j < cols; ++j) out[c + j] = from_acc<W>(sum.v[j]);
+    }
+    __syncthreads();  // red is rewritten by the next tile
+  }
+}
+
+// out0 (and out1, when not null) from parts partial rows of stride ld.
+template <typename A, typename W>
+void sum(const A* part0, W* out0, const A* part1, W* out1, int64_t parts, int64_t ld,
+         int64_t cols, cudaStream_t stream) {
+  const int slices = slices_for(parts), lanes = kThreads / slices;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, lanes * 4), 1 << 20)),
+                  out1 != nullptr ? 2u : 1u);
+  record_launch(sum_kernel<A, W>, kThreads);
+  sum_kernel<A, W>
+      <<<grid, dim3(lanes, slices), 0, stream>>>(part0, out0, part1, out1, parts, ld, cols);
+}
+
+}  // namespace partial_rows
+}  // namespace fusedops
