@@ -116,9 +116,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// partial (when not null) gets this block's column sums of dx: partial[blockIdx.y * ld + col]. dx may
-// be dy (written in place: each element is read, then written, by the same thread), so neither is
-// __restrict__.
+// partial (when not null) gets this block's column sums of dx: partial[blockIdx.y * ld + col].
+// dx may be dy (written in place: each element is read, then written, by the same thread), so
+// neither is __restrict__.
 template <typename T, int VEC, GeluApprox kApprox>
 __global__ void __launch_bounds__(kThreads)
     bias_gelu_bwd_kernel(const T* dy,                     // [rows, cols]

@@ -52,7 +52,7 @@ constexpr int kBwdScalars = 8;             // (x and dy), 8 when rows aren't ali
 constexpr int kBwdLongElems = 32;          // 32 in rows a cluster of 16-element teams can't hold
 constexpr size_t kDefaultSmem = 48 << 10;  // dynamic shared memory beyond this must be opted into
 constexpr int kLoopThreads = 512;
-constexpr int kLoopUnroll = 4;        // packs in flight per thread in the looping kernels
+constexpr int kLoopUnroll = 4;  // packs in flight per thread in the looping kernels
 
 // Two sums reduced together: float2 or double2.
 template <typename A>

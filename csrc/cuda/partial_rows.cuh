@@ -80,8 +80,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // out0 (and out1, when not null) from parts partial rows of stride ld.
 template <typename A, typename W>
-void sum(const A* part0, W* out0, const A* part1, W* out1, int64_t parts, int64_t ld,
-         int64_t cols, cudaStream_t stream) {
+void sum(const A* part0, W* out0, const A* part1, W* out1, int64_t parts, int64_t ld, int64_t cols,
+         cudaStream_t stream) {
   const int slices = slices_for(parts), lanes = kThreads / slices;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, lanes * 4), 1 << 20)),
                   out1 != nullptr ? 2u : 1u);

@@ -56,8 +56,8 @@ constexpr int kShortRowWaves = 3;
 // 65536 / 131072 rows (4096 / 8192 blocks of 16 rows), softmax 85 / 87 -> 92 / 96, rms_norm 80 ->
 // 95 / 98, fp32 65536x768 82-86 -> 96-97 (all three ops); 16384x1024 (1024 blocks, two waves)
 // softmax 80 -> 73, layer_norm 77 -> 68; at 32768x1024 (2048 blocks) softmax 82 -> 85, rms_norm
-// 77 -> 89. The softmax backward, whose blocks hold half the rows (y and dy), lost at 16384 rows
-// of 1024 and 1536 bf16 columns (51 -> 45 and 73 -> 66): hence a size in bytes, not in blocks.
+// 77 -> 89. A size in bytes, not in blocks: the softmax backward's blocks hold half the rows (y
+// and dy), so a count of blocks let it in at half the size.
 constexpr int kSliceBytes = 64 << 10;
 constexpr int kGroupBytes = 32 << 10;
 constexpr int kMinThreads = 128;
