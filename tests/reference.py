@@ -73,6 +73,24 @@ FLOOR[torch.float16] = torch.finfo(torch.float16).tiny
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
+# Row lengths for the staged row engine's grouped rows (sm_90+; csrc/cuda/row_stage.cuh): several
+# rows share a block of up to 32 KB; 8 and 4 KB rows always, rows of 2-4 KB only where the input
+# fills three waves of 32 KB blocks (layer_norm's from 4 KB only).
+STAGED_GROUP_SHAPES = [
+    (torch.bfloat16, 4096),
+    (torch.float32, 2048),
+    (torch.bfloat16, 2048),
+    (torch.float32, 1024),
+    (torch.bfloat16, 1024),
+    (torch.float32, 512),
+]
+
+
+def staged_group_rows(dtype: torch.dtype, cols: int, sms: int) -> int:
+    """Rows enough for those groups (short rows: past the three-wave threshold, 3 waves x 4
+    blocks x 32 KB per SM), plus 3 that leave the last block partly empty."""
+    return (16 if cols * dtype.itemsize >= 4096 else 200) * sms + 3
+
 
 # --------------------------------------------------------------------------------------------
 # References (fp64, CPU)

@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from reference import (
+    STAGED_GROUP_SHAPES,
     capture_cuda_graph,
     rms_norm_default_eps,
     rms_norm_out_dtype,
+    staged_group_rows,
     zero_fills_in_backward,
 )
 
@@ -457,25 +459,15 @@ def test_cuda_backward_weight_grad_only(dtype, cols, op):
 @cuda_only
 @pytest.mark.parametrize(
     "dtype,cols",
-    [
-        (torch.bfloat16, 4096),
-        (torch.float32, 2048),
-        (torch.bfloat16, 2048),
-        (torch.float32, 1024),
-        (torch.bfloat16, 1024),
-        (torch.float32, 512),
-    ],
+    STAGED_GROUP_SHAPES,
     ids=str,
 )
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_rows_grouped_per_block(dtype, cols, op):
-    """Enough rows for the staged forward (sm_90+) to put several rows in one block (up to 32 KB
-    of them, beside one staged copy of their weight and bias; rows under 4 KB only where they
-    fill three waves of 32 KB blocks, rms_norm's from 2 KB), and a row count that leaves the last
-    block partly empty."""
+    """The staged forward's blocks of several rows, beside one staged copy of their weight and
+    bias (reference.STAGED_GROUP_SHAPES)."""
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
-    rows = (16 if cols * dtype.itemsize >= 4096 else 200) * sms + 3
-    x = torch.randn(rows, cols, dtype=dtype, device="cuda")
+    x = torch.randn(staged_group_rows(dtype, cols, sms), cols, dtype=dtype, device="cuda")
     for mode in ["same", "none", "weight", "bias", "fp32"]:
         _check(op, x, [cols], *_params(op, mode, cols, dtype, "cuda"), 1e-5)
 

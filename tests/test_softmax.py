@@ -11,6 +11,7 @@ import pytest
 import torch
 from reference import (
     FLOAT_DTYPES,
+    STAGED_GROUP_SHAPES,
     assert_close_to_reference,
     assert_softmax_backward_close,
     assert_softmax_close,
@@ -19,6 +20,7 @@ from reference import (
     make_misaligned,
     poison_,
     poison_allocator,
+    staged_group_rows,
 )
 
 import fusedops
@@ -566,24 +568,14 @@ def test_cuda_every_kernel_path(cuda_device, log, dtype, n, misaligned):
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "dtype,n",
-    [
-        (torch.bfloat16, 4096),
-        (torch.float32, 2048),
-        (torch.float16, 8192),
-        (torch.bfloat16, 2048),
-        (torch.float32, 1024),
-        (torch.bfloat16, 1024),
-        (torch.float32, 512),
-    ],
+    [(torch.float16, 8192), *STAGED_GROUP_SHAPES],
 )
 @pytest.mark.parametrize("log", OPS)
 def test_cuda_rows_grouped_per_block(cuda_device, log, dtype, n):
-    """Enough rows for the staged kernels (sm_90+) to put several rows in one block (up to 32 KB
-    of them: of x forward, of y and dy backward; rows of 2-4 KB only where they fill three waves
-    of 32 KB blocks), and a row count that leaves the last block partly empty."""
+    """The staged kernels' blocks of several rows (of x forward, of y and dy backward;
+    reference.STAGED_GROUP_SHAPES)."""
     sms = torch.cuda.get_device_properties(cuda_device).multi_processor_count
-    rows = (16 if n * dtype.itemsize >= 4096 else 200) * sms + 3
-    x = make_input((rows, n), dtype, cuda_device)
+    x = make_input((staged_group_rows(dtype, n, sms), n), dtype, cuda_device)
     g = make_input(x.shape, dtype, cuda_device, scale=1.0)
     poison_allocator(cuda_device, x.numel() * x.element_size())
     y = fused_fn(log)(x, -1)
