@@ -15,7 +15,9 @@
 // Measured on an H100 (bf16, 4 hidden layers): the narrow widths are bound by instruction issue and
 // latency, not by DRAM; the erf GELU is a third of the forward at width 64 (ReLU: 0.57 ms, GELU:
 // 1.11 ms at 2^21 rows). Hence: one activation switch per layer (per element, it kept the GELUs
-// from interleaving: 1.8 ms), a branch-free erfc, registers bounded for 3-4 blocks per SM.
+// from interleaving: 1.8 ms), a branch-free erfc, registers bounded per width and direction
+// (kMinBlocks), tile indices that are shifts (no integer division per element), and the backward's
+// saved activations fetched with cp.async while its GEMM runs.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .row.col; g = lane / 4, t = lane % 4):
 //   A 16x16: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
@@ -61,11 +63,16 @@ __host__ __device__ inline int mat_elems(const FfmShape& s, int l, bool transpos
   return transposed ? d.k * (d.n + kSkew) : d.n * (d.k + kSkew);
 }
 
-// A warp's staging tile holds 16 rows of x, a hidden layer or y (forward), of grad_out, a hidden
-// layer's gradient or grad_x (backward): what goes to or comes from global memory.
-__host__ __device__ inline int stage_ld(const FfmShape& s) {
-  const int io = pad16(s.in) > pad16(s.out) ? pad16(s.in) : pad16(s.out);
-  return (io > s.hidden ? io : s.hidden) + kSkew;
+// A warp's staging tile, [16][stage_ld(W)], holds 16 rows of x, a hidden layer or y (forward), of
+// grad_out, a hidden layer's gradient or grad_x (backward): what goes to or comes from global
+// memory.
+__host__ __device__ constexpr int stage_ld(int width) { return width + kSkew; }
+
+// The register width: the smallest of 16, 32, 64, 128 that holds every layer's features.
+inline int width_of(const FfmShape& s) {
+  int w = pad16(s.in) > s.hidden ? pad16(s.in) : s.hidden;
+  w = pad16(s.out) > w ? pad16(s.out) : w;
+  return w <= 16 ? 16 : w <= 32 ? 32 : w <= 64 ? 64 : 128;
 }
 
 // Shared memory of one block: every matrix, the fp32 biases (forward), the staging tiles.
@@ -77,7 +84,7 @@ size_t smem_bytes(const FfmShape& s, bool backward) {
     biases += mat_dims(s, l).n;
   }
   return halves * sizeof(T) + (backward ? 0 : biases * sizeof(float)) +
-         size_t(kWarps) * kTileRows * stage_ld(s) * sizeof(T);
+         size_t(kWarps) * kTileRows * stage_ld(width_of(s)) * sizeof(T);
 }
 
 template <typename T>
@@ -207,8 +214,9 @@ __device__ __forceinline__ void activate_all(float (&c)[W / 8][4], MlpActivation
 // c[nt][j] *= act'(x) for the n columns, x read at the accumulator's places from the saved tile
 // (q points at row g, column 2t of it).
 template <typename T, int W>
-__device__ __forceinline__ void mul_activate_grad(float (&c)[W / 8][4], const T* q, int ld, int n,
+__device__ __forceinline__ void mul_activate_grad(float (&c)[W / 8][4], const T* q, int n,
                                                   MlpActivation act) {
+  constexpr int ld = stage_ld(W);
   with_activation<ActivateGrad>(act, [&](auto grad) {
 #pragma unroll
     for (int nt = 0; nt < W / 8; ++nt) {
@@ -242,75 +250,127 @@ __device__ void load_matrix(T* dst, const T* w, int n_real, int k_real, MatDims 
   }
 }
 
-// Rows [r0, r0 + 16) of src [rows, cols] into the warp's staging tile [16][ld], zero past `rows`
-// and in columns [cols, pad16(cols)). With `deriv`, each element is multiplied by
-// act'(deriv[same place]) (the output layer's gradient). Coalesced: the rows are one span.
-template <typename T>
-__device__ void load_tile(T* stage, int ld, const T* src, int64_t r0, int64_t rows, int cols,
-                          const T* deriv, MlpActivation act, int lane) {
-  const int width = pad16(cols);
+// f(row, column) for the 16-byte chunks of a 16 x W tile, each lane one chunk per pass: chunk
+// lane % (W / V) of row lane / (W / V), the next rows on the next pass. Every index is a shift
+// (the widths are powers of two): no division per element.
+template <typename T, int W, typename F>
+__device__ __forceinline__ void for_tile_chunks(int lane, F&& f) {
+  constexpr int kV = 16 / sizeof(T), kChunks = W / kV, kRowsPerPass = 32 / kChunks;
+  static_assert(kChunks <= 32 && kTileRows % kRowsPerPass == 0);
+  const int r = lane / kChunks, c = lane % kChunks * kV;
+#pragma unroll
+  for (int pass = 0; pass < kTileRows / kRowsPerPass; ++pass) f(r + pass * kRowsPerPass, c);
+}
+
+// Rows [r0, r0 + 16) of src [rows, cols] into the warp's staging tile, zero past `rows` and in
+// columns [cols, W). With `deriv`, each element is multiplied by act'(deriv[same place]) (the
+// output layer's gradient). `vec`: cols is a multiple of 16 bytes and src (and deriv) 16-byte
+// aligned, for coalesced 16-byte loads; otherwise one element per lane and step.
+template <typename T, int W>
+__device__ __forceinline__ void load_tile(T* stage, const T* src, int64_t r0, int64_t rows,
+                                          int cols, bool vec, const T* deriv, MlpActivation act,
+                                          int lane) {
+  constexpr int kV = 16 / sizeof(T), kLd = stage_ld(W);
   const int valid = rows - r0 < kTileRows ? int(rows - r0) : kTileRows;
   src += r0 * cols;
   if (deriv) deriv += r0 * cols;
-  constexpr int V = 16 / sizeof(T);
-  if (cols % V == 0 && is_aligned16(src) && (!deriv || is_aligned16(deriv))) {
-    const int chunks = width / V;
-    for (int i = lane; i < kTileRows * chunks; i += 32) {
-      const int r = i / chunks, c = i % chunks * V;
-      Pack<T, V> v;
+  if (vec) {
+    for_tile_chunks<T, W>(lane, [&](int r, int c) {
+      Pack<T, kV> v;
       if (r < valid && c < cols) {
-        v = load_pack<T, V>(src + r * cols + c);
+        v = load_pack<T, kV>(src + r * cols + c);
         if (deriv) {
-          const Pack<T, V> d = load_pack<T, V>(deriv + r * cols + c);
+          const Pack<T, kV> d = load_pack<T, kV>(deriv + r * cols + c);
 #pragma unroll
-          for (int j = 0; j < V; ++j) {
+          for (int j = 0; j < kV; ++j) {
             v.v[j] = from_acc<T>(to_acc(v.v[j]) * activate_grad(act, to_acc(d.v[j])));
           }
         }
       } else {
 #pragma unroll
-        for (int j = 0; j < V; ++j) v.v[j] = from_acc<T>(0.f);
+        for (int j = 0; j < kV; ++j) v.v[j] = from_acc<T>(0.f);
       }
-      store_pack<T, V>(stage + r * ld + c, v);
-    }
+      store_pack<T, kV>(stage + r * kLd + c, v);
+    });
   } else {
-    for (int i = lane; i < kTileRows * width; i += 32) {
-      const int r = i / width, c = i % width;
+#pragma unroll 1  // the rare path (unaligned or odd widths): kept compact
+    for (int i = lane; i < kTileRows * W; i += 32) {
+      const int r = i / W, c = i % W;
       float v = 0.f;
       if (r < valid && c < cols) {
         v = to_acc(src[r * cols + c]);
         if (deriv) v *= activate_grad(act, to_acc(deriv[r * cols + c]));
       }
-      stage[r * ld + c] = from_acc<T>(v);
+      stage[r * kLd + c] = from_acc<T>(v);
     }
   }
 }
 
+// 16 bytes from global to shared memory without passing through registers, or 16 zero bytes when
+// !valid (nothing is read then); complete once cp_async_wait has returned.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// load_tile's 16-byte path without a derivative, started but not waited for: the tile lands in
+// the staging tile while the warp computes (cp_async_wait, then __syncwarp, before reading it).
+template <typename T, int W>
+__device__ __forceinline__ void load_tile_async(T* stage, const T* src, int64_t r0, int64_t rows,
+                                                int cols, int lane) {
+  const int valid = rows - r0 < kTileRows ? int(rows - r0) : kTileRows;
+  src += r0 * cols;
+  for_tile_chunks<T, W>(lane, [&](int r, int c) {
+    const bool in = r < valid && c < cols;
+    cp_async16(stage + r * stage_ld(W) + c, in ? src + r * cols + c : src, in);
+  });
+}
+
 // The warp's staging tile back to rows [r0, r0 + 16) of dst [rows, cols], stopping at `rows`.
-template <typename T>
-__device__ void store_tile(T* dst, const T* stage, int ld, int64_t r0, int64_t rows, int cols,
-                           int lane) {
+// `vec` as for load_tile.
+template <typename T, int W>
+__device__ __forceinline__ void store_tile(T* dst, const T* stage, int64_t r0, int64_t rows,
+                                           int cols, bool vec, int lane) {
+  constexpr int kV = 16 / sizeof(T), kLd = stage_ld(W);
   const int valid = rows - r0 < kTileRows ? int(rows - r0) : kTileRows;
   dst += r0 * cols;
-  constexpr int V = 16 / sizeof(T);
-  if (cols % V == 0 && is_aligned16(dst)) {
-    const int chunks = cols / V;
-    for (int i = lane; i < valid * chunks; i += 32) {
-      const int r = i / chunks, c = i % chunks * V;
-      store_pack<T, V>(dst + r * cols + c, load_pack<T, V>(stage + r * ld + c));
-    }
+  if (vec) {
+    for_tile_chunks<T, W>(lane, [&](int r, int c) {
+      if (r < valid && c < cols) {
+        store_pack<T, kV>(dst + r * cols + c, load_pack<T, kV>(stage + r * kLd + c));
+      }
+    });
   } else {
-    for (int i = lane; i < valid * cols; i += 32) {
-      const int r = i / cols, c = i % cols;
-      dst[r * cols + c] = stage[r * ld + c];
+#pragma unroll 1  // the rare path (unaligned or odd widths): kept compact
+    for (int i = lane; i < kTileRows * W; i += 32) {
+      const int r = i / W, c = i % W;
+      if (r < valid && c < cols) dst[r * cols + c] = stage[r * kLd + c];
     }
   }
+}
+
+// Whether a [rows, cols] matrix at p takes load_tile's and store_tile's 16-byte path.
+template <typename T>
+__device__ __forceinline__ bool vec_ok(const T* p, int cols) {
+  return cols % (16 / sizeof(T)) == 0 && is_aligned16(p);
 }
 
 // A fragments of the staging tile's first k (a multiple of 16) columns.
 template <typename T, int W>
-__device__ __forceinline__ void tile_to_frags(uint32_t (&a)[W / 16][4], const T* stage, int ld,
-                                              int k, int lane) {
+__device__ __forceinline__ void tile_to_frags(uint32_t (&a)[W / 16][4], const T* stage, int k,
+                                              int lane) {
+  constexpr int ld = stage_ld(W);
   const T* p = stage + (lane >> 2) * ld + 2 * (lane & 3);
 #pragma unroll
   for (int kt = 0; kt < W / 16; ++kt) {
@@ -340,8 +400,8 @@ __device__ __forceinline__ void acc_to_frags(uint32_t (&a)[W / 16][4], const flo
 
 // The accumulators of n columns into the staging tile (rounded to T).
 template <typename T, int W>
-__device__ __forceinline__ void acc_to_tile(T* stage, int ld, const float (&c)[W / 8][4], int n,
-                                            int lane) {
+__device__ __forceinline__ void acc_to_tile(T* stage, const float (&c)[W / 8][4], int n, int lane) {
+  constexpr int ld = stage_ld(W);
   T* p = stage + (lane >> 2) * ld + 2 * (lane & 3);
 #pragma unroll
   for (int nt = 0; nt < W / 8; ++nt) {
@@ -355,11 +415,11 @@ __device__ __forceinline__ void acc_to_tile(T* stage, int ld, const float (&c)[W
 // The accumulators (n columns) to rows [r0, r0 + 16) of dst [rows, cols], rounded to T, through
 // the staging tile: coalesced 16-byte stores where the row length allows.
 template <typename T, int W>
-__device__ __forceinline__ void store_acc(T* dst, T* stage, int ld, const float (&c)[W / 8][4],
-                                          int n, int64_t r0, int64_t rows, int cols, int lane) {
-  acc_to_tile<T, W>(stage, ld, c, n, lane);
+__device__ __forceinline__ void store_acc(T* dst, T* stage, const float (&c)[W / 8][4], int n,
+                                          int64_t r0, int64_t rows, int cols, bool vec, int lane) {
+  acc_to_tile<T, W>(stage, c, n, lane);
   __syncwarp();
-  store_tile(dst, stage, ld, r0, rows, cols, lane);
+  store_tile<T, W>(dst, stage, r0, rows, cols, vec, lane);
   __syncwarp();
 }
 
@@ -382,8 +442,9 @@ struct ColumnSums {
   // partial[c] = prev + the sum of column c over the staging tile's first `valid` rows. Ends with
   // __syncwarp: the staging tile is free for the next write.
   template <typename T>
-  __device__ __forceinline__ void add(float* partial, const T* stage, int ld, int valid, int cols,
+  __device__ __forceinline__ void add(float* partial, const T* stage, int valid, int cols,
                                       int lane) const {
+    constexpr int ld = stage_ld(W);
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int c = lane + 32 * j;
@@ -429,15 +490,18 @@ __device__ __forceinline__ void zero_acc(float (&c)[W / 8][4]) {
 }
 
 // Blocks per SM the register budget is set for: the narrow widths are latency-bound and want more
-// warps (their shared memory allows it); 128 wide, the weights fill shared memory.
-template <int W>
+// warps (their shared memory allows it); 128 wide, the weights fill shared memory. At width 64 the
+// forward runs 3 blocks (80 registers; the spill is one pointer, stored and loaded once per layer)
+// and the backward 2 (111 registers; at 80 it spilled inside its GEMMs): on an H100 the faster of
+// 2 and 3 for each.
+template <int W, bool kBackward>
 constexpr int kMinBlocks = W >= 128  ? 1
-                           : W == 64 ? 3
+                           : W == 64 ? (kBackward ? 2 : 3)
                                      : 4;
 
 // Persistent blocks: each loads the weights once, then walks tiles of kWarps x 16 rows.
 template <typename T, int W>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W, false>)
     ffm_forward_kernel(const FfmForward<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const FfmShape& s = p.s;
@@ -458,19 +522,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
       biases[off + i] = s.has_bias && i < mat_real_n(s, l) ? to_acc(p.b[l][i]) : 0.f;
     }
   }
-  const int ld = stage_ld(s);
-  T* stage = reinterpret_cast<T*>(biases + nbias) + warp * kTileRows * ld;
+  T* stage = reinterpret_cast<T*>(biases + nbias) + warp * kTileRows * stage_ld(W);
+  // Whether each matrix the kernel reads or writes takes the 16-byte path (uniform).
+  const bool x_vec = vec_ok(p.x, s.in), y_vec = vec_ok(p.y, s.out);
+  const bool out_pre_vec = p.out_pre && vec_ok(p.out_pre, s.out);
   __syncthreads();
 
   const int64_t tiles = (s.rows + kWarps * kTileRows - 1) / (kWarps * kTileRows);
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t r0 = (tile * kWarps + warp) * kTileRows;
     if (r0 >= s.rows) break;  // no block-wide barrier below: warps finish independently
-    load_tile(stage, ld, p.x, r0, s.rows, s.in, static_cast<const T*>(nullptr),
-              MlpActivation::kNone, lane);
+    load_tile<T, W>(stage, p.x, r0, s.rows, s.in, x_vec, static_cast<const T*>(nullptr),
+                    MlpActivation::kNone, lane);
     __syncwarp();
     uint32_t a[W / 16][4];
-    tile_to_frags<T, W>(a, stage, ld, pad16(s.in), lane);
+    tile_to_frags<T, W>(a, stage, pad16(s.in), lane);
     __syncwarp();  // the staging tile is written again by the output layer
 
     float c[W / 8][4];
@@ -492,18 +558,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
 
       if (l + 1 < s.matrices) {  // a hidden layer: save for the backward, activate, feed on
         const int64_t layer = int64_t(l) * s.rows * s.hidden;
+        // The saves are [rows, hidden] in buffers of our own: 16-byte rows, aligned.
         if (p.hidden_pre) {
-          store_acc<T, W>(p.hidden_pre + layer, stage, ld, c, d.n, r0, s.rows, s.hidden, lane);
+          store_acc<T, W>(p.hidden_pre + layer, stage, c, d.n, r0, s.rows, s.hidden, true, lane);
         }
         activate_all<W>(c, s.act);
         if (p.hidden_act) {
-          store_acc<T, W>(p.hidden_act + layer, stage, ld, c, d.n, r0, s.rows, s.hidden, lane);
+          store_acc<T, W>(p.hidden_act + layer, stage, c, d.n, r0, s.rows, s.hidden, true, lane);
         }
         acc_to_frags<T, W>(a, c, d.n);
       } else {  // the output layer
-        if (p.out_pre) store_acc<T, W>(p.out_pre, stage, ld, c, d.n, r0, s.rows, s.out, lane);
+        if (p.out_pre) {
+          store_acc<T, W>(p.out_pre, stage, c, d.n, r0, s.rows, s.out, out_pre_vec, lane);
+        }
         activate_all<W>(c, s.out_act);
-        store_acc<T, W>(p.y, stage, ld, c, d.n, r0, s.rows, s.out, lane);
+        store_acc<T, W>(p.y, stage, c, d.n, r0, s.rows, s.out, y_vec, lane);
       }
     }
   }
@@ -512,7 +581,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
 // Walks the layers backward: grad of the output's pre-activation -> through W_L^T -> times act'
 // -> grad of hidden layer L-1's pre-activation (stored) -> ... -> through W_0^T -> grad_x.
 template <typename T, int W>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W, true>)
     ffm_backward_kernel(const FfmBackward<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const FfmShape& s = p.s;
@@ -525,8 +594,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
     load_matrix(weights + halves, p.w[l], mat_real_n(s, l), mat_real_k(s, l), mat_dims(s, l), true);
     halves += mat_elems(s, l, true);
   }
-  const int ld = stage_ld(s);
-  T* stage = weights + halves + warp * kTileRows * ld;
+  T* stage = weights + halves + warp * kTileRows * stage_ld(W);
   float* partial = p.bias_partial
                        ? p.bias_partial + (int64_t(blockIdx.x) * kWarps + warp) * s.matrices * W
                        : nullptr;
@@ -539,6 +607,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
   const T* deriv = s.act == MlpActivation::kNone ? nullptr
                    : p.hidden_pre                ? p.hidden_pre
                                                  : p.hidden_act;
+  // Whether each matrix takes the 16-byte path (uniform). The saves and grad_hidden_pre have
+  // 16-byte rows (hidden is a multiple of 16); the saves may still sit at any offset.
+  const bool go_vec = vec_ok(p.grad_out, s.out) && (!p.out_pre || vec_ok(p.out_pre, s.out));
+  const bool go_pre_vec = p.grad_out_pre && vec_ok(p.grad_out_pre, s.out);
+  const bool deriv_vec = deriv && vec_ok(deriv, s.hidden);
+  const bool ghp_vec = vec_ok(p.grad_hidden_pre, s.hidden), gx_vec = vec_ok(p.grad_x, s.in);
   const int64_t tiles = (s.rows + kWarps * kTileRows - 1) / (kWarps * kTileRows);
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t r0 = (tile * kWarps + warp) * kTileRows;
@@ -547,12 +621,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
     ColumnSums<W> sums;
     float* out_partial = partial ? partial + (s.matrices - 1) * W : nullptr;
     if (partial) sums.prefetch(out_partial, s.out, lane);
-    load_tile(stage, ld, p.grad_out, r0, s.rows, s.out, p.out_pre, s.out_act, lane);
+    load_tile<T, W>(stage, p.grad_out, r0, s.rows, s.out, go_vec, p.out_pre, s.out_act, lane);
     __syncwarp();
-    if (p.grad_out_pre) store_tile(p.grad_out_pre, stage, ld, r0, s.rows, s.out, lane);
-    if (partial) sums.add(out_partial, stage, ld, valid, s.out, lane);
+    if (p.grad_out_pre) {
+      store_tile<T, W>(p.grad_out_pre, stage, r0, s.rows, s.out, go_pre_vec, lane);
+    }
+    if (partial) sums.add(out_partial, stage, valid, s.out, lane);
     uint32_t a[W / 16][4];
-    tile_to_frags<T, W>(a, stage, ld, pad16(s.out), lane);
+    tile_to_frags<T, W>(a, stage, pad16(s.out), lane);
     __syncwarp();
 
     float c[W / 8][4];
@@ -562,24 +638,32 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W>)
       ws -= mat_elems(s, l, true);
       float* layer_partial = partial ? partial + (l - 1) * W : nullptr;
       if (partial) sums.prefetch(layer_partial, s.hidden, lane);
+      const int64_t layer = int64_t(l - 1) * s.rows * s.hidden;
+      // act' of this layer comes from its saved tile, through the staging tile (coalesced):
+      // fetched during the GEMM where the 16-byte path allows.
+      if (deriv_vec) load_tile_async<T, W>(stage, deriv + layer, r0, s.rows, s.hidden, lane);
       zero_acc<W>(c);
       warp_gemm<T, W>(c, a, ws, d.n + kSkew, d.k, d.n, lane);
-      const int64_t layer = int64_t(l - 1) * s.rows * s.hidden;
-      if (deriv) {  // act' of this layer, from its saved tile (coalesced through the staging tile)
-        load_tile(stage, ld, deriv + layer, r0, s.rows, s.hidden, static_cast<const T*>(nullptr),
-                  MlpActivation::kNone, lane);
+      if (deriv) {
+        if (deriv_vec) {
+          cp_async_wait();
+        } else {
+          load_tile<T, W>(stage, deriv + layer, r0, s.rows, s.hidden, false,
+                          static_cast<const T*>(nullptr), MlpActivation::kNone, lane);
+        }
         __syncwarp();
-        mul_activate_grad<T, W>(c, stage + g * ld + t2, ld, d.k, s.act);
+        mul_activate_grad<T, W>(c, stage + g * stage_ld(W) + t2, d.k, s.act);
         __syncwarp();
       }
-      store_acc<T, W>(p.grad_hidden_pre + layer, stage, ld, c, d.k, r0, s.rows, s.hidden, lane);
-      if (partial) sums.add(layer_partial, stage, ld, valid, s.hidden, lane);
+      store_acc<T, W>(p.grad_hidden_pre + layer, stage, c, d.k, r0, s.rows, s.hidden, ghp_vec,
+                      lane);
+      if (partial) sums.add(layer_partial, stage, valid, s.hidden, lane);
       acc_to_frags<T, W>(a, c, d.k);
     }
     const MatDims d0 = mat_dims(s, 0);
     zero_acc<W>(c);
     warp_gemm<T, W>(c, a, weights, d0.n + kSkew, d0.k, d0.n, lane);
-    store_acc<T, W>(p.grad_x, stage, ld, c, d0.k, r0, s.rows, s.in, lane);
+    store_acc<T, W>(p.grad_x, stage, c, d0.k, r0, s.rows, s.in, gx_vec, lane);
   }
 }
 
@@ -605,13 +689,6 @@ int blocks_per_sm(Kernel kernel, size_t smem, const DeviceInfo& dev) {
   }
   cache[key] = blocks;
   return blocks;
-}
-
-// The register width: the smallest of 16, 32, 64, 128 that holds every layer's features.
-int width_of(const FfmShape& s) {
-  int w = pad16(s.in) > s.hidden ? pad16(s.in) : s.hidden;
-  w = pad16(s.out) > w ? pad16(s.out) : w;
-  return w <= 16 ? 16 : w <= 32 ? 32 : w <= 64 ? 64 : 128;
 }
 
 template <typename Kernel>
