@@ -348,7 +348,7 @@ __device__ __forceinline__ void store_tile(T* dst, const T* stage, int64_t r0, i
   if (vec) {
     for_tile_chunks<T, W>(lane, [&](int r, int c) {
       if (r < valid && c < cols) {
-        store_pack<T, kV>(dst + r * cols + c, load_pack<T, kV>(stage + r * kLd + c));
+        store_pack_global<T, kV>(dst + r * cols + c, load_pack<T, kV>(stage + r * kLd + c));
       }
     });
   } else {
