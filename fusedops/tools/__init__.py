@@ -1,4 +1,5 @@
 """What users run, apart from the library: benchmarks, the profiler kit, the demo and its report.
 
-Each module has a main(); `python -m fusedops.<name>` (bench, bench_mlp, compare, profile, demo) runs it.
+Each module has a main(); `python -m fusedops.<name>` (bench, bench_mlp, compare, profile, demo)
+runs it.
 """
