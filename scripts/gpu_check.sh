@@ -5,7 +5,8 @@
 #              take a machine-wide lock), then the property tests at the large hypothesis profile
 #   sanitizer  compute-sanitizer memcheck / racecheck / initcheck on each op's kernel tests
 #   demo       python -m fusedops.demo on the predictor and GPT-2 (bench/results/demo-<gpu>-*)
-#   bench      kernel benchmark (+ host cost table), MLP benchmark, kernel resource report
+#   bench      kernel benchmark (+ host cost table), MLP and FullyFusedMLP benchmarks, kernel
+#              resource report
 #   dist       tests/test_distributed.py (DDP and FSDP2; needs 2 GPUs)
 # Logs and results go to $RESULTS (default: build/gpu_check). Usage:
 #   scripts/gpu_check.sh [STEP...] [-- bench args...]     (no STEP: build tests sanitizer demo bench)
@@ -107,6 +108,9 @@ bench() {
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   python3 -m fusedops.bench_mlp --no-max-autotune --out "$RESULTS" 2>&1 |
     tee "$RESULTS/bench_mlp.log" | tail -45
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  python3 -m fusedops.bench_mlp --fully-fused --no-max-autotune --out "$RESULTS" 2>&1 |
+    tee "$RESULTS/bench_ffm.log" | tail -15
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   python3 -m fusedops.tools.kernels --json "$RESULTS/kernels.json" 2>&1 |
     tee "$RESULTS/kernels.log" | tail -60
