@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "common/device_info.h"
 #include "common/kernel_registry.h"
 
 namespace fusedops {
@@ -41,16 +42,44 @@ inline cudaLaunchConfig_t launch_config(const LaunchShape& l, cudaStream_t strea
   return config;
 }
 
-// The launch's error, also cleared (a failed launch leaves none behind for later calls).
+// Launches with the runtime's error, also cleared (a failed launch leaves none behind for later
+// calls). On sm_90+ the kernel may be launched before the one ahead of it in the stream has
+// finished (programmatic dependent launch): every kernel launched here must call
+// sm90::grid_dependency_wait() before it touches global memory.
 template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), const LaunchShape& l, cudaStream_t stream,
-                   Args&&... args) {
-  record_launch(kernel, l.threads, l.smem, l.ranks);
-  cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t config = launch_config(l, stream, &attr);
+cudaError_t launch_with(cudaLaunchConfig_t config, const DeviceInfo& dev, void (*kernel)(Params...),
+                        Args&&... args) {
+  cudaLaunchAttribute attrs[2];
+  for (unsigned i = 0; i < config.numAttrs; ++i) attrs[i] = config.attrs[i];
+  if (dev.cc_major >= 9) {
+    attrs[config.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[config.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+    ++config.numAttrs;
+  }
+  config.attrs = attrs;
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   const cudaError_t last = cudaGetLastError();
   return err != cudaSuccess ? err : last;
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), const LaunchShape& l, const DeviceInfo& dev,
+                   cudaStream_t stream, Args&&... args) {
+  record_launch(kernel, l.threads, l.smem, l.ranks);
+  cudaLaunchAttribute cluster;
+  return launch_with(launch_config(l, stream, &cluster), dev, kernel, std::forward<Args>(args)...);
+}
+
+// A 2-D grid or block, no clusters.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, const DeviceInfo& dev,
+                   cudaStream_t stream, Args&&... args) {
+  record_launch(kernel, int(block.x * block.y * block.z));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  return launch_with(config, dev, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace fusedops

@@ -19,6 +19,7 @@
 #include "common/vec.cuh"
 #include "cuda/bias_gelu_kernels.h"
 #include "cuda/partial_rows.cuh"
+#include "cuda/sm90.cuh"
 
 namespace fusedops {
 namespace {
@@ -90,6 +91,7 @@ __global__ void __launch_bounds__(kThreads)
                          const T* __restrict__ bias,  // [cols] or null
                          T* __restrict__ y,           // [rows, cols]
                          int64_t rows, int64_t cols) {
+  sm90::grid_dependency_wait();
   const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
   if (col >= cols) return;  // no barriers below
   acc_t<T> b[VEC];
@@ -127,6 +129,7 @@ __global__ void __launch_bounds__(kThreads)
                          T* dx,                           // [rows, cols]
                          acc_t<T>* __restrict__ partial,  // [gridDim.y, ld] or null
                          int64_t ld, int64_t rows, int64_t cols) {
+  sm90::grid_dependency_wait();
   using Acc = acc_t<T>;
   __shared__ Acc red[kThreads * VEC];  // [blockDim.y][blockDim.x * VEC]
   const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
@@ -178,24 +181,24 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, int VEC, GeluApprox kApprox>
-void launch_fwd(const T* x, const T* bias, T* y, int64_t rows, int64_t cols, const DeviceInfo& dev,
-                cudaStream_t stream) {
+cudaError_t launch_fwd(const T* x, const T* bias, T* y, int64_t rows, int64_t cols,
+                       const DeviceInfo& dev, cudaStream_t stream) {
   const Tiling t = make_tiling(rows, cols / VEC, kUnroll, dev);
-  record_launch(bias_gelu_fwd_kernel<T, VEC, kApprox>, int(t.block.x * t.block.y));
-  bias_gelu_fwd_kernel<T, VEC, kApprox><<<t.grid, t.block, 0, stream>>>(x, bias, y, rows, cols);
+  return launch(bias_gelu_fwd_kernel<T, VEC, kApprox>, t.grid, t.block, dev, stream, x, bias, y,
+                rows, cols);
 }
 
 template <typename T, int VEC, GeluApprox kApprox>
-void launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, acc_t<T>* partial,
-                int64_t rows, int64_t cols, const DeviceInfo& dev, cudaStream_t stream) {
+cudaError_t launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, acc_t<T>* partial,
+                       int64_t rows, int64_t cols, const DeviceInfo& dev, cudaStream_t stream) {
   const Tiling t = make_tiling(rows, cols / VEC, kBwdRowsPerThread, dev);
-  record_launch(bias_gelu_bwd_kernel<T, VEC, kApprox>, int(t.block.x * t.block.y));
   const int64_t ld = partial_rows::ld(cols);
-  bias_gelu_bwd_kernel<T, VEC, kApprox><<<t.grid, t.block, 0, stream>>>(
-      dy, x, bias, dx, dbias != nullptr ? partial : nullptr, ld, rows, cols);
-  if (dbias != nullptr) {
-    partial_rows::sum<acc_t<T>, T>(partial, dbias, nullptr, nullptr, t.grid.y, ld, cols, stream);
-  }
+  const cudaError_t err =
+      launch(bias_gelu_bwd_kernel<T, VEC, kApprox>, t.grid, t.block, dev, stream, dy, x, bias, dx,
+             dbias != nullptr ? partial : nullptr, ld, rows, cols);
+  if (err != cudaSuccess || dbias == nullptr) return err;
+  return partial_rows::sum<acc_t<T>, T>(partial, dbias, nullptr, nullptr, t.grid.y, ld, cols, dev,
+                                        stream);
 }
 
 }  // namespace
@@ -207,13 +210,12 @@ cudaError_t bias_gelu_fwd_cuda(const T* input, const T* bias, T* output, int64_t
   constexpr int kVec = kVec16<T>;
   const bool vec = use_vec<T, kVec>(cols, {input, bias, output});
   if (approx == GeluApprox::kTanh) {
-    vec ? launch_fwd<T, kVec, GeluApprox::kTanh>(input, bias, output, rows, cols, dev, stream)
-        : launch_fwd<T, 1, GeluApprox::kTanh>(input, bias, output, rows, cols, dev, stream);
-  } else {
-    vec ? launch_fwd<T, kVec, GeluApprox::kNone>(input, bias, output, rows, cols, dev, stream)
-        : launch_fwd<T, 1, GeluApprox::kNone>(input, bias, output, rows, cols, dev, stream);
+    return vec ? launch_fwd<T, kVec, GeluApprox::kTanh>(input, bias, output, rows, cols, dev,
+                                                        stream)
+               : launch_fwd<T, 1, GeluApprox::kTanh>(input, bias, output, rows, cols, dev, stream);
   }
-  return cudaGetLastError();
+  return vec ? launch_fwd<T, kVec, GeluApprox::kNone>(input, bias, output, rows, cols, dev, stream)
+             : launch_fwd<T, 1, GeluApprox::kNone>(input, bias, output, rows, cols, dev, stream);
 }
 
 template <typename T>
@@ -235,17 +237,15 @@ cudaError_t bias_gelu_bwd_cuda(const T* grad_output, const T* input, const T* bi
   auto* partial = static_cast<acc_t<T>*>(workspace);
   const bool vec = use_vec<T, kVec>(cols, {grad_output, input, bias, grad_input});
   if (approx == GeluApprox::kTanh) {
-    vec ? launch_bwd<T, kVec, GeluApprox::kTanh>(grad_output, input, bias, grad_input, grad_bias,
-                                                 partial, rows, cols, dev, stream)
-        : launch_bwd<T, 1, GeluApprox::kTanh>(grad_output, input, bias, grad_input, grad_bias,
-                                              partial, rows, cols, dev, stream);
-  } else {
-    vec ? launch_bwd<T, kVec, GeluApprox::kNone>(grad_output, input, bias, grad_input, grad_bias,
-                                                 partial, rows, cols, dev, stream)
-        : launch_bwd<T, 1, GeluApprox::kNone>(grad_output, input, bias, grad_input, grad_bias,
-                                              partial, rows, cols, dev, stream);
+    return vec ? launch_bwd<T, kVec, GeluApprox::kTanh>(grad_output, input, bias, grad_input,
+                                                        grad_bias, partial, rows, cols, dev, stream)
+               : launch_bwd<T, 1, GeluApprox::kTanh>(grad_output, input, bias, grad_input,
+                                                     grad_bias, partial, rows, cols, dev, stream);
   }
-  return cudaGetLastError();
+  return vec ? launch_bwd<T, kVec, GeluApprox::kNone>(grad_output, input, bias, grad_input,
+                                                      grad_bias, partial, rows, cols, dev, stream)
+             : launch_bwd<T, 1, GeluApprox::kNone>(grad_output, input, bias, grad_input, grad_bias,
+                                                   partial, rows, cols, dev, stream);
 }
 
 #define FUSEDOPS_INSTANTIATE_BIAS_GELU(T)                                                          \

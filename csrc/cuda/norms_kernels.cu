@@ -249,6 +249,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
   __shared__ float scratch[kWarp];
   const Team team = make_team<kWarpRow>(group);
   sm90::ClusterExchange cluster(team.ranks);
+  sm90::grid_dependency_wait();
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
   for (int64_t base = team_first_row(team); base < a.rows; base += team_row_step(team)) {
@@ -371,6 +372,7 @@ struct NormFwdStaged {
 // mostly from L2) and writes y.
 template <typename T, typename W, bool kRms, int VEC>
 __global__ void __launch_bounds__(kLoopThreads, 1) norm_fwd_loop_kernel(NormFwdArgs<T, W> a) {
+  sm90::grid_dependency_wait();
   using A = NormAcc<T>;
   __shared__ A scratch[kWarp];
   __shared__ Welford<A> wscratch[kWarp];
@@ -465,6 +467,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
   using Acc = BwdAcc<VEC, kPacks>;
   const Team team = make_team<kWarpRow>(part.group);
   sm90::ClusterExchange cluster(team.ranks);
+  sm90::grid_dependency_wait();
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
   float* dw_acc = reinterpret_cast<float*>(acc_smem);
@@ -617,6 +620,7 @@ __global__ void __launch_bounds__(staged_bwd_max_threads<T, kRms>())
   constexpr int kPacks = kBwdStagedPacks;
   const Team team = make_team<false>(blockDim.x);
   sm90::ClusterExchange cluster(team.ranks);
+  sm90::grid_dependency_wait();
   const int rank = team.t / blockDim.x, tid = threadIdx.x;
   const int64_t cols = a.cols;
   const int slice_packs = static_cast<int>(cols / VEC / team.ranks);
@@ -723,6 +727,7 @@ __global__ void __launch_bounds__(staged_bwd_max_threads<T, kRms>())
 template <typename T, typename W, bool kRms, int VEC>
 __global__ void __launch_bounds__(kLoopThreads, 1)
     norm_bwd_loop_kernel(NormBwdArgs<T, W> a, PartialRows<NormAcc<T>> part) {
+  sm90::grid_dependency_wait();
   using A = NormAcc<T>;
   __shared__ Pair<A> scratch[kWarp];
   const int64_t cols = a.cols, step = int64_t(blockDim.x) * VEC;
@@ -860,13 +865,13 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
     constexpr int kRows = kFwdWarpRowsPerBlock;
     const LaunchShape warp{stride_blocks(ceil_div(a.rows, kRows), 1, info), kWarp * kRows, 0, 1};
     if (a.cols <= kWarp * VEC) {
-      return launch(norm_fwd_kernel<T, W, kRms, VEC, 1, true>, warp, stream, a, kWarp);
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 1, true>, warp, info, stream, a, kWarp);
     }
     if (a.cols <= kWarp * VEC * 2) {
-      return launch(norm_fwd_kernel<T, W, kRms, VEC, 2, true>, warp, stream, a, kWarp);
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 2, true>, warp, info, stream, a, kWarp);
     }
     if (a.cols <= kWarp * VEC * 4) {
-      return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, true>, warp, stream, a, kWarp);
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, true>, warp, info, stream, a, kWarp);
     }
     // One block per row where one holds it: its barriers are cheap. Longer rows take clusters
     // of 512-thread blocks first, two per SM, so that one block loads while the other waits at
@@ -884,12 +889,13 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
       const TeamShape s = team_shape(a.cols, VEC, {kPacks}, max_threads, ranks);
       if (s.ranks == 0) continue;
       const LaunchShape team{stride_blocks(a.rows, s.ranks, info), s.threads, 0, s.ranks};
-      return launch(norm_fwd_kernel<T, W, kRms, VEC, kPacks, false>, team, stream, a, s.threads);
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, kPacks, false>, team, info, stream, a,
+                    s.threads);
     }
   }
   const LaunchShape loop{loop_blocks(a.rows, a.cols * int64_t(sizeof(T)), info), kLoopThreads, 0,
                          1};
-  return launch(norm_fwd_loop_kernel<T, W, kRms, VEC>, loop, stream, a);
+  return launch(norm_fwd_loop_kernel<T, W, kRms, VEC>, loop, info, stream, a);
 }
 
 template <typename T, typename W>
@@ -1048,14 +1054,13 @@ cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, NormAcc<T>* workspace, con
         cudaMemsetAsync(workspace, 0, size_t(n * p.parts * ld) * sizeof(A), stream);
     if (err != cudaSuccess) return err;
   }
-  const cudaError_t err = launch(p.kernel, p.shape, stream, a, part);
+  const cudaError_t err = launch(p.kernel, p.shape, info, stream, a, part);
   if (err != cudaSuccess || n == 0) return err;
   const A* part0 = part.dw != nullptr ? part.dw : part.db;
   W* out0 = a.dw != nullptr ? a.dw : a.db;
   const bool both = n == 2;
-  partial_rows::sum(part0, out0, both ? part.db : nullptr, both ? a.db : nullptr, p.parts, ld,
-                    a.cols, stream);
-  return cudaGetLastError();
+  return partial_rows::sum(part0, out0, both ? part.db : nullptr, both ? a.db : nullptr, p.parts,
+                           ld, a.cols, info, stream);
 }
 
 #define FUSEDOPS_NORM_INSTANTIATE(T, W, RMS)                                                 \

@@ -18,6 +18,7 @@
 #include "common/kernel_registry.h"
 #include "common/launch.h"
 #include "common/vec.cuh"
+#include "cuda/sm90.cuh"
 
 namespace fusedops {
 namespace partial_rows {
@@ -80,14 +81,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // out0 (and out1, when not null) from parts partial rows of stride ld.
 template <typename A, typename W>
-void sum(const A* part0, W* out0, const A* part1, W* out1, int64_t parts, int64_t ld, int64_t cols,
-         cudaStream_t stream) {
+cudaError_t sum(const A* part0, W* out0, const A* part1, W* out1, int64_t parts, int64_t ld,
+                int64_t cols, const DeviceInfo& dev, cudaStream_t stream) {
   const int slices = slices_for(parts), lanes = kThreads / slices;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(cols, lanes * 4), 1 << 20)),
                   out1 != nullptr ? 2u : 1u);
-  record_launch(sum_kernel<A, W>, kThreads);
-  sum_kernel<A, W>
-      <<<grid, dim3(lanes, slices), 0, stream>>>(part0, out0, part1, out1, parts, ld, cols);
+  return launch(sum_kernel<A, W>, grid, dim3(lanes, slices), dev, stream, part0, out0, part1, out1,
+                parts, ld, cols);
 }
 
 }  // namespace partial_rows

@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(kMaxThreads, Policy::kMinBlocksPerSm)
 
   const int rank = p.ranks > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
   sm90::ClusterExchange cluster(p.ranks);
+  sm90::grid_dependency_wait();
   const int team_threads = p.threads / p.teams;
   const int team = threadIdx.x / team_threads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -329,7 +330,8 @@ bool try_launch(const typename Policy::Args& a, int64_t rows, int64_t cols, cons
   if (p.ranks == 0 || !can_run<kernel>(p.smem, p.ranks, p.threads, dev)) return false;
   const int64_t blocks = (rows + p.teams - 1) / p.teams * p.ranks;
   if (blocks > INT32_MAX) return false;
-  *err = launch(kernel, {blocks, p.threads, size_t(p.smem), p.ranks}, stream, a, rows, cols, p);
+  *err =
+      launch(kernel, {blocks, p.threads, size_t(p.smem), p.ranks}, dev, stream, a, rows, cols, p);
   return true;
 }
 

@@ -233,6 +233,7 @@ struct SoftmaxBwd {
 template <typename Policy, int VEC, int LANES, int PACKS>
 __global__ void __launch_bounds__(kWarpTierBlockThreads)
     softmax_warp_kernel(typename Policy::Args args, int64_t rows, int npacks) {
+  sm90::grid_dependency_wait();
   constexpr int kRowsPerWarp = 32 / LANES;
   const int lane = threadIdx.x % LANES;
   const int64_t cols = int64_t(npacks) * VEC;
@@ -265,6 +266,7 @@ __global__ void __launch_bounds__(kBlockMaxThreads)
   constexpr int ranks = 1, rank = 0;
 #endif
   sm90::ClusterExchange cluster(ranks);
+  sm90::grid_dependency_wait();
   const int g = rank * blockDim.x + threadIdx.x, G = ranks * blockDim.x;
   const int64_t cols = int64_t(npacks) * VEC;
   for (int64_t r = blockIdx.x / ranks; r < rows; r += gridDim.x / ranks) {
@@ -359,8 +361,8 @@ bool launch_register_tiers(const typename Policy::Args& args, int64_t rows, int6
     auto go = [&](auto lanes, auto packs) {
       constexpr auto kernel = softmax_warp_kernel<Policy, VEC, lanes, packs>;
       const int64_t blocks = ceil_div(rows * p.lanes, kWarpTierBlockThreads);
-      *err = launch(kernel, {grid_for<kernel>(p.threads, 1, blocks, dev), p.threads, 0, 1}, stream,
-                    args, rows, int(npacks));
+      *err = launch(kernel, {grid_for<kernel>(p.threads, 1, blocks, dev), p.threads, 0, 1}, dev,
+                    stream, args, rows, int(npacks));
     };
     if (p.packs == 1) {
       return dispatch_int<1, 2, 4, 8, 16, 32>(
@@ -376,7 +378,7 @@ bool launch_register_tiers(const typename Policy::Args& args, int64_t rows, int6
       if constexpr (packs * VEC <= Policy::kItemsMax) {
         constexpr auto kernel = softmax_block_kernel<Policy, VEC, packs>;
         const unsigned grid = grid_for<kernel>(p.threads, p.ranks, rows, dev);
-        *err = launch(kernel, {grid, p.threads, 0, p.ranks}, stream, args, rows, int(npacks));
+        *err = launch(kernel, {grid, p.threads, 0, p.ranks}, dev, stream, args, rows, int(npacks));
       }
     };
     return dispatch_int<1, 2, 4, kMaxPacks>(p.packs, go);
