@@ -39,6 +39,13 @@ bool gelu_epilogue_ok(const MlpProblem& p, const at::Tensor& x) {
   return p.approx == GeluApprox::kTanh && x.scalar_type() != at::kFloat;
 }
 
+// Whether a weight gradient [m, n] summed over k rows should also sum the bias gradient in its
+// BGRADB epilogue. That epilogue keeps cuBLASLt from splitting k, so a weight too small to fill
+// the GPU on its own tiles runs on a handful of blocks: on an H200 at 2^20 rows, a training step
+// of a 16-64-16 MLP took 0.99 ms (tanh 1.67) against eager's 0.69, of a 128-128-128 one 1.75
+// (2.24) against 1.76. There, a plain GEMM and a separate column sum (as eager) run instead.
+bool bias_grad_in_epilogue(int64_t m, int64_t n, int64_t k) { return k <= m * n; }
+
 // A GEMM operand: a row-major contiguous [rows, cols] matrix (to cuBLASLt column-major
 // [cols, rows], ld=cols), used as op(m) = m.T when t.
 struct Operand {
@@ -305,7 +312,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     g[3] = at::empty({p.out, p.hidden}, opts);
     // dW2 = dy.T @ act; BGRADB sums dy over the rows (the GEMM's k) into db2.
     bool fused = false;
-    if (mask[4]) {
+    if (mask[4] && bias_grad_in_epilogue(p.out, p.hidden, p.rows)) {
       g[4] = at::empty({p.out}, opts);
       fused = lt_gemm({operand(dy2, true), operand(act2, false), g[3], CUBLASLT_EPILOGUE_BGRADB,
                        g[4].const_data_ptr()});
@@ -337,9 +344,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     if (mask[1]) {
       // dW1 = dpre.T @ x, its BGRADB epilogue summing dpre over the rows into db1 where owed.
       g[1] = at::empty({p.hidden, p.in}, opts);
-      const at::Tensor sum = owe_db1 ? at::empty({p.hidden}, opts) : at::Tensor();
-      if (owe_db1 && lt_gemm({operand(dpre, true), operand(x2, false), g[1],
-                              CUBLASLT_EPILOGUE_BGRADB, sum.const_data_ptr()})) {
+      const bool in_epilogue = owe_db1 && bias_grad_in_epilogue(p.hidden, p.in, p.rows);
+      const at::Tensor sum = in_epilogue ? at::empty({p.hidden}, opts) : at::Tensor();
+      if (in_epilogue && lt_gemm({operand(dpre, true), operand(x2, false), g[1],
+                                  CUBLASLT_EPILOGUE_BGRADB, sum.const_data_ptr()})) {
         db1 = sum;
       } else {
         gemm_into(g[1], dpre, true, x2, false);
