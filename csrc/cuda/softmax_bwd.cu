@@ -20,6 +20,7 @@ template <typename T, int VEC>
 __global__ void __launch_bounds__(kOnlineThreads)
     softmax_bwd_online_kernel(const T* dy, const T* y, T* dx, int64_t rows, int64_t npacks,
                               bool log) {
+  sm90::grid_dependency_wait();
   using A = acc_t<T>;
   __shared__ A scratch[32];
   const int64_t cols = npacks * VEC;
@@ -100,11 +101,9 @@ cudaError_t launch_bwd(const T* dy, const T* y, T* dx, int64_t rows, int64_t col
       return err;
     }
   }
-  const unsigned grid = unsigned(std::min<int64_t>(rows, int64_t(dev.sm_count) * 4));
-  record_launch(softmax_bwd_online_kernel<T, VEC>, kOnlineThreads);
-  softmax_bwd_online_kernel<T, VEC>
-      <<<grid, kOnlineThreads, 0, stream>>>(dy, y, dx, rows, cols / VEC, log);
-  return cudaGetLastError();
+  const int64_t grid = std::min<int64_t>(rows, int64_t(dev.sm_count) * 4);
+  return launch(softmax_bwd_online_kernel<T, VEC>, {grid, kOnlineThreads, 0, 1}, dev, stream, dy, y,
+                dx, rows, cols / VEC, log);
 }
 
 }  // namespace

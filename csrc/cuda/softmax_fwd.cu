@@ -19,6 +19,7 @@ using namespace softmax_rows;
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kOnlineThreads)
     softmax_fwd_online_kernel(const T* x, T* y, int64_t rows, int64_t npacks, bool log) {
+  sm90::grid_dependency_wait();
   using A = acc_t<T>;
   __shared__ MaxSum<A> scratch[32];
   const int64_t cols = npacks * VEC;
@@ -120,11 +121,9 @@ cudaError_t launch_fwd(const T* x, T* y, int64_t rows, int64_t cols, bool log,
       return err;
     }
   }
-  const unsigned grid = unsigned(std::min<int64_t>(rows, int64_t(dev.sm_count) * 4));
-  record_launch(softmax_fwd_online_kernel<T, VEC>, kOnlineThreads);
-  softmax_fwd_online_kernel<T, VEC>
-      <<<grid, kOnlineThreads, 0, stream>>>(x, y, rows, cols / VEC, log);
-  return cudaGetLastError();
+  const int64_t grid = std::min<int64_t>(rows, int64_t(dev.sm_count) * 4);
+  return launch(softmax_fwd_online_kernel<T, VEC>, {grid, kOnlineThreads, 0, 1}, dev, stream, x, y,
+                rows, cols / VEC, log);
 }
 
 }  // namespace
