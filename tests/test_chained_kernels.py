@@ -4,6 +4,9 @@ dependent launch) and must wait for that kernel's writes before touching memory:
 with no synchronization, eagerly and as a replayed CUDA graph, gives bit for bit what the same ops
 give with the GPU drained after every kernel."""
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from reference import capture_cuda_graph
@@ -11,7 +14,7 @@ from reference import capture_cuda_graph
 import fusedops
 import fusedops.functional as FF
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 # Row lengths for each tier: warp rows, block and cluster teams, the staged engine (>= 8 KB
 # rows), rows that are not 16-byte multiples, and the looping kernels.
@@ -40,6 +43,7 @@ def _drained(t):
     return t
 
 
+@cuda_only
 @pytest.mark.filterwarnings("ignore:The AccumulateGrad node's stream does not match")
 @pytest.mark.parametrize("cols", COLS)
 def test_chain_matches_one_at_a_time(cols):
@@ -65,3 +69,34 @@ def test_chain_matches_one_at_a_time(cols):
         graph.replay()
         for got, want in zip(static, expected, strict=True):
             assert torch.equal(got, want)
+
+
+CUDA_SOURCES = Path(__file__).resolve().parents[1] / "csrc" / "cuda"
+# Launched with <<<>>>, without the attribute that lets a kernel start early.
+PLAIN_KERNELS = {"ffm_forward_kernel", "ffm_backward_kernel"}
+
+
+def _kernels(text):
+    """(name, body) of every __global__ function in a CUDA source."""
+    for m in re.finditer(r"__global__\b", text):
+        open_ = text.index("{", m.end())
+        name = re.findall(r"(\w+)\s*\(", text[m.end() : open_])[-1]
+        depth, i = 0, open_
+        while True:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        yield name, text[open_ : i + 1]
+
+
+def test_every_early_launched_kernel_waits():
+    """A kernel launched through launch() (every one but PLAIN_KERNELS) may start before the
+    kernel ahead of it has finished: it must wait for it before touching memory."""
+    sources = {f.name: f.read_text() for f in sorted(CUDA_SOURCES.glob("*.cu*"))}
+    kernels = dict(k for text in sources.values() for k in _kernels(text))
+    assert len(kernels) >= 15 and PLAIN_KERNELS <= set(kernels), sorted(kernels)
+    for name, body in kernels.items():
+        waits = "sm90::grid_dependency_wait();" in body
+        assert waits != (name in PLAIN_KERNELS), f"{name}: waits={waits}"
+    assert [f for f, text in sources.items() if "<<<" in text] == ["fully_fused_mlp_kernels.cu"]

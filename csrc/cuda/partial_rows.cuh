@@ -42,6 +42,7 @@ template <typename A, typename W>
 __global__ void __launch_bounds__(kThreads)
     sum_kernel(const A* part0, W* out0, const A* part1, W* out1, int64_t parts, int64_t ld,
                int64_t cols) {
+  sm90::grid_dependency_wait();
   using Quad = Pack<A, 4>;
   __shared__ Quad red[kThreads];  // [slice][lane]
   const int lanes = blockDim.x, slices = blockDim.y;
