@@ -73,6 +73,8 @@ sanitizer() {
   local mlp=(tests/test_mlp.py tests/test_bias_gelu.py -m cuda -k "not compile and not epilogues_used")
   # (Under memcheck, the CUDA-graph test's capture fails in autograd's stream sync: left out.)
   local ffm=(tests/test_fully_fused_mlp.py -m cuda -k "not fused_kernels_run and not graph")
+  # Kernels launched while the one ahead of them still runs, each on its output.
+  local chain=(tests/test_chained_kernels.py -k "not 300000")
   rm -f "$RESULTS/sanitizer.rc"
   run_tool memcheck softmax "${softmax[@]}" &
   run_tool memcheck norms "${norms[@]}" &
@@ -81,6 +83,7 @@ sanitizer() {
   run_tool racecheck norms "${norms[@]}" &
   run_tool memcheck ffm "${ffm[@]}" &
   run_tool racecheck ffm "${ffm[@]}" &
+  run_tool memcheck chain "${chain[@]}" &
   wait
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1
   run_tool initcheck softmax "${softmax[@]}" &
