@@ -9,7 +9,6 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "common/math.h"
+#include "cpu/cpu_host.h"
 #include "cpu/rows.h"
 
 // Why not at::vec: an extension builds it without torch's per-ISA dispatch, so its erf/exp/tanh
@@ -310,7 +310,7 @@ at::Tensor bias_gelu_fwd(const at::Tensor& input, const at::Tensor& bias,
                          c10::string_view approximate) {
   const auto p = check_bias_gelu("bias_gelu", input, bias, approximate);
   const at::Tensor x = input.contiguous(), b = bias.contiguous();
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = cpu_empty_like(x);
   if (y.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu_fwd", [&] {
     dispatch_approx(p.approx, [&](auto a) {
@@ -328,8 +328,8 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd(const at::Tensor& grad_output,
   const auto p = check_bias_gelu("bias_gelu_backward", input, bias, approximate);
   check_like("bias_gelu_backward", "grad_output", grad_output, "input", input);
   const at::Tensor dy = grad_output.contiguous(), x = input.contiguous(), b = bias.contiguous();
-  at::Tensor dx = at::empty_like(x);
-  at::Tensor db = p.rows == 0 ? at::zeros_like(b) : at::empty_like(b);
+  at::Tensor dx = cpu_empty_like(x);
+  at::Tensor db = p.rows == 0 ? at::zeros_like(b) : cpu_empty_like(b);
   if (dx.numel() == 0) return {dx, db};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "bias_gelu_bwd", [&] {
     dispatch_approx(p.approx, [&](auto a) {

@@ -11,7 +11,6 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
@@ -20,6 +19,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "cpu/cpu_host.h"
 #include "cpu/rows.h"
 #include "norm_ops.h"
 
@@ -149,7 +149,7 @@ struct CpuNorms {
     const NormProblem p = norm_problem(op, input, normalized_shape);
     check_norm_params(op, input, normalized_shape, weight, bias);
     const at::Tensor x = input.contiguous();
-    at::Tensor out = at::empty_like(x);
+    at::Tensor out = cpu_empty_like(x);
     at::Tensor mean = kRms ? at::Tensor() : norm_stat_empty(input, p);
     at::Tensor rstd = norm_stat_empty(input, p);
     if (p.rows == 0) return {out, mean, rstd};
@@ -183,7 +183,7 @@ struct CpuNorms {
     const bool need_dw = output_mask[1] && has_tensor(weight);
     const bool need_db = output_mask[2] && has_tensor(bias);
     const at::Tensor x = input.contiguous(), dy = grad_out.contiguous();
-    at::Tensor dx = output_mask[0] ? at::empty_like(x) : at::Tensor();
+    at::Tensor dx = output_mask[0] ? cpu_empty_like(x) : at::Tensor();
     const at::ScalarType acc = norm_stat_dtype(input);
     // A partial row per chunk of rows: one per thread, but no more than tasks of kGrainElems
     // (tiny inputs run on the calling thread, without waking the pool).

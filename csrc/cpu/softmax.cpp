@@ -8,13 +8,13 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <type_traits>
 #include <vector>
 
+#include "cpu/cpu_host.h"
 #include "cpu/rows.h"
 
 namespace fusedops {
@@ -127,7 +127,7 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
 at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   const auto p = check_softmax_fwd(input, dim, log);
   const at::Tensor x = to_rows(input, p.dim);
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = cpu_empty_like(x);
   if (p.rows > 0) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, x.scalar_type(), "softmax_fwd_cpu", [&] {
@@ -143,7 +143,7 @@ at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, 
   const auto p = check_softmax_bwd(grad_output, output, dim, log);
   const at::Tensor dy = to_rows(grad_output, p.dim);
   const at::Tensor y = to_rows(output, p.dim);
-  at::Tensor dx = at::empty_like(y);
+  at::Tensor dx = cpu_empty_like(y);
   if (p.rows > 0) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kHalf, at::kBFloat16, y.scalar_type(), "softmax_bwd_cpu", [&] {
