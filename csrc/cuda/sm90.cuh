@@ -115,13 +115,13 @@ __device__ __forceinline__ int cluster_rank() {
 }
 #endif
 
-// Programmatic dependent launch. On sm_90+ launch() (common/launch.h) lets a kernel be launched
-// while the kernel ahead of it in the stream is finishing, so that its launch and block
-// scheduling overlap that kernel's last blocks; here it waits until that kernel has finished and
-// its writes are visible. Every kernel launched through launch() calls this before its first
-// global memory access. (Letting the next kernel in early, griddepcontrol.launch_dependents at
-// the start, was slower: H200, softmax fp32 4096x1024 kernel-only 72 -> 64% of copy.) Without the
-// launch attribute, or before sm_90, a no-op.
+// Programmatic dependent launch. On sm_90+ launch() (common/launch.h) lets the GPU launch a
+// kernel once every block of the kernel ahead of it in the stream has exited, overlapping that
+// kernel's completion (its memory flush) instead of following it; here the kernel waits until
+// that completion, when the writes of the kernel ahead are visible. Every kernel launched through
+// launch() calls this before its first global memory access. (Letting the next kernel in early,
+// griddepcontrol.launch_dependents at the start, was slower: H200, softmax fp32 4096x1024
+// kernel-only 72 -> 64% of copy.) Without the launch attribute, or before sm_90, a no-op.
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
