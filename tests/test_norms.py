@@ -465,7 +465,8 @@ def test_cuda_backward_weight_grad_only(dtype, cols, op):
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_rows_grouped_per_block(dtype, cols, op):
     """The staged forward's blocks of several rows, beside one staged copy of their weight and
-    bias (reference.STAGED_GROUP_SHAPES)."""
+    bias, or reading them from global memory (layer_norm's 16-bit pair)
+    (reference.STAGED_GROUP_SHAPES)."""
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
     x = torch.randn(staged_group_rows(dtype, cols, sms), cols, dtype=dtype, device="cuda")
     for mode in ["same", "none", "weight", "bias", "fp32"]:

@@ -403,12 +403,12 @@ struct NormFwdStaged {
   __host__ __device__ static const W* param(const Args& a, int j) { return j == 0 ? a.w : a.b; }
 
   // Packs whose w and b a thread loads from global memory before storing any of them
-  // (PackParams): two of 16 bytes (H100, bf16 layer_norm, % of copy: 4096x32768 90.6 -> 93.3,
-  // 1024x131072 81.7 -> 86.6, 512x262144 76.8 -> 80.5; fp32 rms_norm 512x262144 87.5 -> 93.6);
-  // one of an fp32 weight beside 16-bit rows, and fp32 layer_norm's (capped at 40 registers, w
-  // and b of two packs spilled: 4096x32768 97.4 -> 89.5). Loading the first batch before the
-  // reductions spilled too: 8-13 points lower.
-  static constexpr int kBatch = sizeof(Pack<W, VEC>) <= 16 && (sizeof(T) == 2 || kRms) ? 2 : 1;
+  // (PackParams). H100, kernel-only % of copy: bf16 layer_norm 4096x32768 90.5 -> 92.7 (two) ->
+  // 94.8 (four), 1024x131072 81.4 -> 85.7, 512x262144 77.2 -> 79.1-80.0; fp32 rms_norm 512x262144
+  // 89.0 -> 94.6 (two). One for an fp32 weight beside 16-bit rows, and for fp32 layer_norm (capped
+  // at 40 registers, its w and b of two packs spilled: 4096x32768 97.4 -> 89.5). Loading the first
+  // batch before the reductions spilled too: 8-13 points lower.
+  static constexpr int kBatch = sizeof(Pack<W, VEC>) > 16 ? 1 : sizeof(T) == 2 ? 4 : kRms ? 2 : 1;
 
   // par: the block's staged slices of w and b, or null (then they are read from global memory).
   template <typename Reduce>
