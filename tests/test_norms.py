@@ -439,6 +439,27 @@ def test_cuda_staged_params(dtype, cols, mode, op):
 
 
 @cuda_only
+@pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 98304), (torch.float32, 49152)], ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_staged_backward_48kb_of_stages(dtype, cols, op):
+    """The staged backward with exactly 48 KB of dynamic shared memory (16 blocks of 12 KB
+    slices, two stages of x and dy): with its static shared memory it needs the opt-in that larger
+    sizes take. Without it the kernel was found unable to run and the register tier ran instead."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the staged backward needs sm_90+")
+    x = torch.randn(5, cols, dtype=dtype, device="cuda")
+    w, b = _params(op, "same", cols, dtype, "cuda")
+    _check(op, x, [cols], w, b, 1e-5)
+    x.requires_grad_()
+    y = _call(_fused(op), op, x, [cols], w, b, 1e-5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        y.backward(torch.ones_like(y))
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("norm_bwd_staged_kernel" in n for n in names), names
+
+
+@cuda_only
 @pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 40000), (torch.float32, 8192)], ids=str)
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_backward_weight_grad_only(dtype, cols, op):

@@ -46,11 +46,10 @@ static_assert(kMaxBwdClusterRanks <= sm90::kMaxRanks, "a cluster mailbox slot pe
 constexpr int kFwdPacks = 4;     // per thread in forward teams (16-byte packs of x),
 constexpr int kFwdScalars = 16;  // or elements when rows aren't 16-byte aligned
 constexpr int kFwdWarpRowsPerBlock = 4;
-constexpr int kFwdClusterThreads = 512;    // per block of a forward cluster team (see norm_fwd_vec)
-constexpr int kBwdMaxThreads = 512;        // per block; backward teams hold 16 elements per thread
-constexpr int kBwdScalars = 8;             // (x and dy), 8 when rows aren't aligned,
-constexpr int kBwdLongElems = 32;          // 32 in rows a cluster of 16-element teams can't hold
-constexpr size_t kDefaultSmem = 48 << 10;  // dynamic shared memory beyond this must be opted into
+constexpr int kFwdClusterThreads = 512;  // per block of a forward cluster team (see norm_fwd_vec)
+constexpr int kBwdMaxThreads = 512;      // per block; backward teams hold 16 elements per thread
+constexpr int kBwdScalars = 8;           // (x and dy), 8 when rows aren't aligned,
+constexpr int kBwdLongElems = 32;        // 32 in rows a cluster of 16-element teams can't hold
 constexpr int kLoopThreads = 512;
 constexpr int kLoopUnroll = 4;  // packs in flight per thread in the looping kernels
 
@@ -1019,7 +1018,10 @@ template <typename T, typename W>
 int bwd_resident(const BwdPlan<T, W>& p, const DeviceInfo& info) {
   const LaunchShape& l = p.shape;
   auto query = [&](int) {
-    if (l.smem > kDefaultSmem && l.smem > size_t(opt_in_smem(p.kernel, info.max_smem_optin))) {
+    // Opted in at any size: without it dynamic and static shared memory together may not pass
+    // 48 KB. The staged backward's 48 KB of stages (bf16 98304 columns, 16-block clusters) found
+    // no room and a slower tier ran; a team of fewer blocks would have failed to launch.
+    if (l.smem > size_t(opt_in_smem(p.kernel, info.max_smem_optin))) {
       return 0;
     }
     int fit = 0;
