@@ -456,6 +456,8 @@ def test_cuda_staged_backward_48kb_of_stages(dtype, cols, op):
         y.backward(torch.ones_like(y))
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if not names:
+        pytest.skip("the profiler sees no CUDA kernels here (under compute-sanitizer, CUPTI)")
     assert any("norm_bwd_staged_kernel" in n for n in names), names
 
 
