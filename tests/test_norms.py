@@ -439,15 +439,26 @@ def test_cuda_staged_params(dtype, cols, mode, op):
 
 
 @cuda_only
-@pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 98304), (torch.float32, 49152)], ids=str)
+@pytest.mark.parametrize(
+    "dtype,cols,rows",
+    [
+        (torch.bfloat16, 98304, 5),
+        (torch.float32, 49152, 5),
+        (torch.bfloat16, 262144, 40),
+        (torch.float16, 262144, 40),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("op", OPS)
-def test_cuda_staged_backward_48kb_of_stages(dtype, cols, op):
-    """The staged backward with exactly 48 KB of dynamic shared memory (16 blocks of 12 KB
-    slices, two stages of x and dy): with its static shared memory it needs the opt-in that larger
-    sizes take. Without it the kernel was found unable to run and the register tier ran instead."""
+def test_cuda_staged_backward_runs_staged(dtype, cols, rows, op):
+    """Shapes the staged backward must take. Exactly 48 KB of dynamic shared memory (16 blocks of
+    12 KB slices, two stages of x and dy) needs, with the kernel's static shared memory, the
+    opt-in that larger sizes take: without it the register tier ran instead. 16-bit rows of
+    262144 take 4 packs per thread read from the stage; 40 rows make each cluster refill both
+    stages."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the staged backward needs sm_90+")
-    x = torch.randn(5, cols, dtype=dtype, device="cuda")
+    x = torch.randn(rows, cols, dtype=dtype, device="cuda")
     w, b = _params(op, "same", cols, dtype, "cuda")
     _check(op, x, [cols], w, b, 1e-5)
     x.requires_grad_()
@@ -462,11 +473,16 @@ def test_cuda_staged_backward_48kb_of_stages(dtype, cols, op):
 
 
 @cuda_only
-@pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 40000), (torch.float32, 8192)], ids=str)
+@pytest.mark.parametrize(
+    "dtype,cols",
+    [(torch.bfloat16, 40000), (torch.float32, 8192), (torch.bfloat16, 262144)],
+    ids=str,
+)
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_backward_weight_grad_only(dtype, cols, op):
-    """dweight / dbias with no dx: cluster teams (bf16 40000; fp32 8192 on sm_90+) that reduce
-    nothing across their blocks must still start and finish together."""
+    """dweight / dbias with no dx: cluster teams (bf16 40000; fp32 8192 and bf16 262144 on
+    sm_90+) that reduce nothing across their blocks must still start and finish together (and
+    the staged kernel still refill its stages)."""
     x = torch.randn(64, cols, dtype=dtype, device="cuda")
     w, b = _params(op, "same", cols, dtype, "cuda")
     params = [t.requires_grad_() for t in (w, b) if t is not None]

@@ -684,7 +684,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
 // kBwdStages - 1 rows' x and dy slices already on their way into shared memory (bulk copies
 // completing on an mbarrier per stage), so DRAM keeps serving this team while it reduces and
 // writes the current row; the register tiers above issue a row's loads only once the previous
-// row is done. Each thread owns kBwdStagedPacks packs of its block's slice (packs t and
+// row is done. Each thread owns kPacks packs of its block's slice (packs t and
 // t + blockDim.x): their weights and dweight/dbias sums live in registers, and at the end the
 // thread writes its columns of the team's partial row. Numerics as norm_bwd_kernel.
 // Measured on an H100 (% of copy, layer_norm / rms_norm, against the register tiers in another
@@ -701,27 +701,41 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
 // (64 registers) in place of 16 of 512 owning two (100-119): bf16 74.7 / 82.8 -> 64.2 / 70.9,
 // fp16 73.6 / 79.6 -> 58.4 / 69.6.
 constexpr int kBwdStages = 2;
-constexpr int kBwdStagedPacks = 2;
 // Rows under 8 KB keep the register tiers (the forward's engine starts at 4 KB): staged at 4 KB,
 // H100, rms_norm bf16 32768x2048 ran 89.4 -> 82.7 and fp32 65536x1024 87.9 -> 84.6.
 constexpr int kBwdStagedMinRowBytes = 8 << 10;
-constexpr int kBwdStagedThreads = 256;  // per block; more only for rows 16 such blocks can't hold:
-// up to 512 (fp16/bf16 blocks take ~124 registers), and 1024 for fp32 layer_norm (64 registers,
-// one block per SM; H100, 1024x131072: 82 against 69 for its cluster register tier, which
-// spills, while rms_norm's register tier ran 83-84 against 76 here).
-template <typename T, bool kRms>
-constexpr int staged_bwd_max_threads() {
-  return sizeof(T) == 4 && !kRms ? 1024 : 512;
+// Teams of blocks of 256 threads owning 2 packs each hold rows of up to 16 x 256 x 2 packs
+// (16-bit 65536 columns), with x and dy held in registers between the two passes. Longer rows
+// take blocks of 512 owning 4 packs (up to 16-bit 262144, fp32 131072 columns) whose x and dy
+// stay in shared memory: each pass reads them from the stage, which is refilled once the row is
+// written (one row ahead, not two), so that the weights and the dweight/dbias sums fit in
+// registers (layer_norm: 64 floats of sums, 16-bit weights as stored). They replaced blocks of
+// 512 owning 2 packs (16-bit 131072, 1024 threads for fp32 layer_norm) and the register cluster
+// tier (16-bit 262144, fp32 rms_norm 131072); H100, % of copy, layer_norm / rms_norm before ->
+// after: 1024x131072 bf16 75 / 83 -> 92 / 91, fp16 74 / 80 -> 92 / 91, fp32 97 / 88 -> 97 / 98;
+// 512x262144 bf16 58 / 60 -> 85 / 95, fp16 55 / 56 -> 86 / 91.
+constexpr int kBwdStagedPacks = 2, kBwdStagedThreads = 256;
+constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
+// Blocks per SM the registers must allow: two (one at 4 packs), four for fp32 layer_norm, whose
+// 64-register cap came from its former blocks of 1024 threads (at 4096-32768 columns: 90-94%).
+template <typename T, bool kRms, int kPacks>
+constexpr int staged_bwd_min_blocks() {
+  return kPacks == kBwdStagedLongPacks ? 1 : sizeof(T) == 4 && !kRms ? 4 : 2;
+}
+template <int kPacks>
+constexpr int staged_bwd_threads() {
+  return kPacks == kBwdStagedLongPacks ? kBwdStagedLongThreads : kBwdStagedThreads;
 }
 
-template <typename T, typename W, bool kRms, int VEC>
-__global__ void __launch_bounds__(staged_bwd_max_threads<T, kRms>())
+template <typename T, typename W, bool kRms, int VEC, int kPacks>
+__global__ void __launch_bounds__(staged_bwd_threads<kPacks>(),
+                                  staged_bwd_min_blocks<T, kRms, kPacks>())
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
   __shared__ uint64_t landed[kBwdStages];
   __shared__ float2 scratch[kWarp];
-  constexpr int kPacks = kBwdStagedPacks;
+  constexpr bool kRowInRegisters = kPacks == kBwdStagedPacks;  // else read from the stage
   const Team team = make_team<false>(blockDim.x);
   sm90::ClusterExchange cluster(team.ranks);
   sm90::grid_dependency_wait();
@@ -743,15 +757,24 @@ __global__ void __launch_bounds__(staged_bwd_max_threads<T, kRms>())
     sm90::fence_mbar_init();
     for (int s = 0; s < kBwdStages && first + s * step < a.rows; ++s) fetch(first + s * step, s);
   }
-  float wv[kPacks][VEC], dw[kPacks][VEC] = {}, db[kPacks][VEC] = {};
+  // The weights, widened where used: held in fp32 at 2 packs per thread, as stored at 4, where
+  // the sums fill the registers (fp16 weights widened at each use cost the 2-pack layer_norm
+  // 10% at 4096-8192 columns).
+  using HeldW = std::conditional_t<kRowInRegisters, float, W>;
+  Pack<HeldW, VEC> w[kPacks];
+  float dw[kPacks][VEC] = {}, db[kPacks][VEC] = {};
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     const int p = tid + k * blockDim.x;
     if (a.w != nullptr && p < slice_packs) {
-      load_acc<VEC>(a.w + col0 + p * VEC, wv[k]);
+      if constexpr (kRowInRegisters) {
+        load_acc<VEC>(a.w + col0 + p * VEC, w[k].v);
+      } else {
+        w[k] = load_narrow<VEC>(a.w + col0 + p * VEC);
+      }
     } else {
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) wv[k][j] = 1.f;
+      for (int j = 0; j < VEC; ++j) w[k].v[j] = from_acc<HeldW>(1.f);
     }
   }
   __syncthreads();  // the barriers are initialized before anyone waits on them
@@ -761,55 +784,70 @@ __global__ void __launch_bounds__(staged_bwd_max_threads<T, kRms>())
     const int s = i % kBwdStages;
     const float mu = kRms ? 0.f : a.mean[row], rs = a.rstd[row];
     sm90::mbar_wait(&landed[s], (i / kBwdStages) & 1);
-    Pack<T, VEC> x[kPacks], dy[kPacks];
-#pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
+    const int64_t next = row + kBwdStages * step;
+    auto refill = [&] {  // stage s is no longer read: a later row's slices go in
+      __syncthreads();
+      if (tid == 0 && next < a.rows) fetch(next, s);
+    };
+    Pack<T, VEC> held_x[kRowInRegisters ? kPacks : 1], held_dy[kRowInRegisters ? kPacks : 1];
+    auto load = [&](int k, Pack<T, VEC>& x, Pack<T, VEC>& dy) {
       const int p = tid + k * blockDim.x;
       if (p < slice_packs) {
-        x[k] = load_pack<T, VEC>(stage(s) + p * VEC);
-        dy[k] = load_pack<T, VEC>(stage(s) + (slice_packs + p) * VEC);
+        x = load_pack<T, VEC>(stage(s) + p * VEC);
+        dy = load_pack<T, VEC>(stage(s) + (slice_packs + p) * VEC);
       } else {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) x[k].v[j] = dy[k].v[j] = from_acc<T>(0.f);  // adds 0
+        for (int j = 0; j < VEC; ++j) x.v[j] = dy.v[j] = from_acc<T>(0.f);  // adds 0
       }
+    };
+    if constexpr (kRowInRegisters) {
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) load(k, held_x[k], held_dy[k]);
+      refill();
     }
-    __syncthreads();  // stage s is in registers: refill it with a later row
-    const int64_t next = row + kBwdStages * step;
-    if (tid == 0 && next < a.rows) fetch(next, s);
-
     auto xh_dy = [&](int k, float(&xh)[VEC], float(&d)[VEC]) {
-      widen(x[k], xh);
-      widen(dy[k], d);
+      Pack<T, VEC> x, dy;
+      if constexpr (kRowInRegisters) {
+        x = held_x[k], dy = held_dy[k];
+      } else {
+        load(k, x, dy);
+      }
+      widen(x, xh);
+      widen(dy, d);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) xh[j] = (xh[j] - mu) * rs;
     };
     float2 sum{0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
-      float xh[VEC], d[VEC];
+      float xh[VEC], d[VEC], wv[VEC];
       xh_dy(k, xh, d);
+      widen(w[k], wv);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        sum.x += d[j] * wv[k][j];
-        sum.y += d[j] * wv[k][j] * xh[j];
+        sum.x += d[j] * wv[j];
+        sum.y += d[j] * wv[j] * xh[j];
         dw[k][j] += d[j] * xh[j];
         if constexpr (!kRms) db[k][j] += d[j];
       }
     }
-    if (a.dx == nullptr) continue;  // uniform over the grid
-    sum = team_allreduce<false>(sum, Sum2Op(), team, scratch, cluster);
-    const float c1 = kRms ? 0.f : sum.x / cols, c2 = sum.y / cols;
+    if (a.dx != nullptr) {  // uniform over the grid
+      sum = team_allreduce<false>(sum, Sum2Op(), team, scratch, cluster);
+      const float c1 = kRms ? 0.f : sum.x / cols, c2 = sum.y / cols;
 #pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
-      const int p = tid + k * blockDim.x;
-      if (p < slice_packs) {
-        float xh[VEC], d[VEC], out[VEC];
-        xh_dy(k, xh, d);
+      for (int k = 0; k < kPacks; ++k) {
+        const int p = tid + k * blockDim.x;
+        if (p < slice_packs) {
+          float xh[VEC], d[VEC], wv[VEC], out[VEC];
+          xh_dy(k, xh, d);
+          widen(w[k], wv);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = rs * (d[j] * wv[k][j] - c1 - xh[j] * c2);
-        store_acc<VEC>(a.dx + row * cols + col0 + p * VEC, out);
+          for (int j = 0; j < VEC; ++j) out[j] = rs * (d[j] * wv[j] - c1 - xh[j] * c2);
+          store_acc<VEC>(a.dx + row * cols + col0 + p * VEC, out);
+        }
       }
     }
+    if constexpr (!kRowInRegisters) refill();
   }
   cluster.close();
   const int64_t part_row = int64_t(blockIdx.x / team.ranks) * part.ld + col0;
@@ -1064,21 +1102,23 @@ bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
   return true;
 }
 
-// The staged backward's team: a block of up to kBwdStagedThreads, or the fewest blocks of a
-// cluster of up to kMaxBwdClusterRanks that hold the row, or such blocks of up to 512 threads, or
-// staged_bwd_max_threads. No kernel before sm_90, for rows under 8 KB or that no such team holds,
-// or where the row doesn't split into equal slices.
+// The staged backward's team: the fewest blocks of a cluster (up to kMaxBwdClusterRanks) that
+// hold the row at 2 packs per thread, else at 4. No kernel before sm_90, for rows under 8 KB or
+// that no such team holds, or where the row doesn't split into equal slices.
 template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < kBwdStagedMinRowBytes) return {};
-  TeamShape s = {0, 0, 0};
-  for (const int threads : {kBwdStagedThreads, 512, staged_bwd_max_threads<T, kRms>()}) {
-    if (s.ranks == 0) s = team_shape(a.cols, VEC, {kBwdStagedPacks}, threads, kMaxBwdClusterRanks);
+  constexpr int kPacks = kBwdStagedPacks, kLongPacks = kBwdStagedLongPacks;
+  void (*kernel)(NormBwdArgs<T, W>, PartialRows<float>) =
+      norm_bwd_staged_kernel<T, W, kRms, VEC, kPacks>;
+  TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdStagedThreads, kMaxBwdClusterRanks);
+  if (s.ranks == 0) {
+    s = team_shape(a.cols, VEC, {kLongPacks}, kBwdStagedLongThreads, kMaxBwdClusterRanks);
+    kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kLongPacks>;
   }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
   const size_t smem = size_t(kBwdStages) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
-  return {
-      norm_bwd_staged_kernel<T, W, kRms, VEC>, {0, s.threads, smem, s.ranks}, s.threads, false, 0};
+  return {kernel, {0, s.threads, smem, s.ranks}, s.threads, false, 0};
 }
 
 // The staged kernel on sm_90+, then warp teams for short rows, block and cluster teams (x and
