@@ -705,15 +705,15 @@ constexpr int kBwdStages = 2;
 // H100, rms_norm bf16 32768x2048 ran 89.4 -> 82.7 and fp32 65536x1024 87.9 -> 84.6.
 constexpr int kBwdStagedMinRowBytes = 8 << 10;
 // Teams of blocks of 256 threads owning 2 packs each hold rows of up to 16 x 256 x 2 packs
-// (16-bit 65536 columns), with x and dy held in registers between the two passes. Longer rows
-// take blocks of 512 owning 4 packs (up to 16-bit 262144, fp32 131072 columns) whose x and dy
-// stay in shared memory: each pass reads them from the stage, which is refilled once the row is
-// written (one row ahead, not two), so that the weights and the dweight/dbias sums fit in
-// registers (layer_norm: 64 floats of sums, 16-bit weights as stored). They replaced blocks of
-// 512 owning 2 packs (16-bit 131072, 1024 threads for fp32 layer_norm) and the register cluster
-// tier (16-bit 262144, fp32 rms_norm 131072); H100, % of copy, layer_norm / rms_norm before ->
-// after: 1024x131072 bf16 75 / 83 -> 92 / 91, fp16 74 / 80 -> 92 / 91, fp32 97 / 88 -> 97 / 98;
-// 512x262144 bf16 58 / 60 -> 85 / 95, fp16 55 / 56 -> 86 / 91.
+// (16-bit 65536, fp32 32768 columns), with x and dy held in registers between the two passes.
+// Longer rows take blocks of 512 owning 4 packs (up to 16-bit 262144, fp32 131072 columns) whose
+// x and dy stay in shared memory: each pass reads them from the stage, which is refilled once
+// the row is written (one row ahead, not two), so that the weights and the dweight/dbias sums
+// fit in registers (layer_norm: 64 floats of sums, 16-bit weights as stored). They replaced
+// blocks of 512 owning 2 packs (16-bit 131072, 1024 threads for fp32 layer_norm) and the
+// register cluster tier (16-bit 262144, fp32 rms_norm 131072); H100, % of copy, layer_norm /
+// rms_norm before -> after: 1024x131072 bf16 75 / 83 -> 92 / 91, fp16 74 / 80 -> 92 / 91, fp32
+// 97 / 88 -> 97 / 98; 512x262144 bf16 58 / 60 -> 85 / 95, fp16 55 / 56 -> 86 / 91.
 constexpr int kBwdStagedPacks = 2, kBwdStagedThreads = 256;
 constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
 // Blocks per SM the registers must allow: two (one at 4 packs), four for fp32 layer_norm, whose
