@@ -1,6 +1,9 @@
 """fusedops.fused_mlp / FusedMLP against an fp64 CPU reference and torch at the same dtype."""
 
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -372,6 +375,49 @@ def test_cuda_db1_deterministic(approximate):
         assert all(torch.equal(g, g0) for g, g0 in zip(grads, runs[0], strict=True))
 
 
+# A training step whose GEMMs (fc1 with the GELU epilogue, DGELU) cuBLASLt's first heuristic
+# does not always run fastest: its outputs and gradients, saved by tuning_run().
+TUNING_SHAPE = (4096, 768, 3072)
+
+
+def tuning_run(path):
+    torch.manual_seed(0)
+    rows, d, hidden = TUNING_SHAPE
+    model = FusedMLP(d, hidden, approximate="tanh", device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = model(x)
+    grads = torch.autograd.grad(y, [x, *model.parameters()], torch.ones_like(y))
+    torch.save([t.cpu() for t in (y, *grads)], path)
+
+
+@pytest.mark.cuda
+def test_cuda_gemm_tuning_off_is_reproducible(tmp_path):
+    # With GEMM tuning off (FUSEDOPS_GEMM_TUNING=0 in a fresh process) and under
+    # torch.use_deterministic_algorithms(True), every GEMM runs the heuristic's first choice: the
+    # same bits in both. Tuned (this process's default), the results obey the tolerance rule
+    # (every other CUDA test here runs tuned).
+    checkout = os.path.dirname(os.path.dirname(fusedops.__file__))
+    env = {
+        **os.environ,
+        "FUSEDOPS_GEMM_TUNING": "0",
+        "PYTHONPATH": os.pathsep.join([checkout, os.environ.get("PYTHONPATH", "")]),
+    }
+    child = tmp_path / "off.pt"
+    proc = subprocess.run(
+        [sys.executable, __file__, str(child)], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    saved = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        tuning_run(tmp_path / "deterministic.pt")
+    finally:
+        torch.use_deterministic_algorithms(saved)
+    off, deterministic = torch.load(child), torch.load(tmp_path / "deterministic.pt")
+    for a, b in zip(off, deterministic, strict=True):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("recompute", [False, True])
@@ -411,3 +457,7 @@ def test_backward_fills_no_zero_gradients(device, recompute):
     y = fusedops.fused_mlp(x, w1, b1, w2, b2, recompute_activation=recompute)
     assert zero_fills_in_backward(y.square().sum()) == []
     assert x.grad is not None and w1.grad is not None and b2.grad is not None
+
+
+if __name__ == "__main__":
+    tuning_run(sys.argv[1])

@@ -2,7 +2,7 @@
 
     python -m fusedops.bench_mlp [--dims 768,1024,4096] [--tokens 8192] [--dtype bf16]
         [--approx tanh,none] [--modes infer,train] [--quick] [--[no-]compile]
-        [--[no-]max-autotune] [--device cuda|mps|cpu] [--out DIR]
+        [--[no-]max-autotune] [--rounds 3] [--device cuda|mps|cpu] [--out DIR]
 
 The block: x [T, D] -> Linear(D, H) -> GELU -> Linear(H, D), H = 4D. infer: the forward under
 torch.no_grad; train: forward and backward to x, w1, b1, w2, b2. Providers: eager (F.linear,
@@ -12,10 +12,12 @@ cell; --no-max-autotune leaves it out), fusedops (fusedops.fused_mlp) and, for t
 fusedops-recompute (recompute_activation=True).
 
 Timing is fusedops.bench.measure's: CUDA events around batches of calls, inputs rotated past L2,
-median. Per cell: ms, TFLOP/s (forward 2 * 2*T*D*H FLOPs, a training step 3x that), speedup vs
-eager, peak memory of one step above what was allocated before it, and the first call's seconds
-(for the compiled providers: the compile). Then, on CUDA, the kernels one step launches (counted
-with torch.profiler) for eager and fusedops at D = 1024. Results: <out>/<device>-fused_mlp.json,
+median; every provider of a cell runs on the same inputs, and they take turns, --rounds times
+(default 3): the median round is reported beside the fastest and slowest. Per cell: ms, TFLOP/s
+(forward 2 * 2*T*D*H FLOPs, a training step 3x that), speedup vs eager, peak memory of one step
+above what was allocated before it, and the first call's seconds (for the compiled providers:
+the compile). Then, on CUDA, the kernels one step launches (counted with torch.profiler) for
+eager and fusedops at D = 1024. Results: <out>/<device>-fused_mlp.json,
 rewritten after every cell so a run cut short keeps what it measured; <out> is ./fusedops-bench
 (untracked) unless given (the committed results: --out bench/results).
 
@@ -31,6 +33,7 @@ import argparse
 import datetime
 import json
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -115,13 +118,23 @@ def _train_step(fwd: Callable) -> Callable:
     return step
 
 
-def prepare(provider: str, mode: str, approximate: str, tokens: int, d: int, dtype, device):
-    """A bench.Timed of one step (forward, or forward + backward) with rotated input sets."""
+def input_sets(mode: str, tokens: int, d: int, dtype, device) -> list[tuple[torch.Tensor, ...]]:
+    """Enough input sets of one step (x, the parameters, and dy for train) to rotate past L2."""
     train = mode == "train"
     first = inputs(tokens, d, dtype, device, train)
-    nbytes = sum(t.nbytes for t in first)  # one input set: x, the parameters (and dy)
+    nbytes = sum(t.nbytes for t in first)
     k = max(1, math.ceil(bench.L2_ROTATE * bench._cache_bytes(device) / nbytes))
-    sets = [first] + [inputs(tokens, d, dtype, device, train) for _ in range(k - 1)]
+    return [first] + [inputs(tokens, d, dtype, device, train) for _ in range(k - 1)]
+
+
+def prepare(
+    provider: str, mode: str, approximate: str, tokens: int, d: int, dtype, device, sets=None
+):
+    """A bench.Timed of one step (forward, or forward + backward) over rotated input sets: sets,
+    or new ones (input_sets)."""
+    train = mode == "train"
+    sets = sets or input_sets(mode, tokens, d, dtype, device)
+    nbytes = sum(t.nbytes for t in sets[0])  # one input set: x, the parameters (and dy)
     fwd = forward(provider, approximate)
     return bench.Timed(_train_step(fwd) if train else fwd, sets, grad=train, nbytes=nbytes)
 
@@ -174,14 +187,17 @@ def run(
     out: str | Path | None = None,
     log: Callable[[str], None] | None = print,
     device: str | None = None,
+    rounds: int = 3,
 ) -> dict:
     """Time every (D, mode, approximate) cell for each provider; return the results as a dict.
     out: where to write them after every cell, so a run cut short keeps what it measured.
     device: "cuda", "mps", "cpu", or None for the first present.
 
     tokens None: 8192 on CUDA, 256 on CPU. with_compile None: on CUDA only; with_max_autotune
-    None: as with_compile. Per cell and provider: ms, tflops, speedup (vs eager), peak_mib and
-    first_s, None where the provider failed (the reason under errors); CPU: ms and speedup only.
+    None: as with_compile. rounds: each provider's timing is repeated that many times, the
+    providers taking turns; ms is the median, ms_rounds every round's. Per cell and provider: ms,
+    ms_rounds, tflops, speedup (vs eager), peak_mib and first_s, None where the provider failed
+    (the reason under errors); CPU: ms and speedup only.
     """
     log = log or (lambda s: None)
     device = bench.pick_device(device)
@@ -215,29 +231,41 @@ def run(
     todo = [(d, m, a) for d in dims for m in modes for a in approx]
     for i, (d, mode, a) in enumerate(todo, 1):
         cell = {"mode": mode, "approximate": a, "d": d, "hidden": 4 * d, "tokens": tokens}
-        cell.update(flops=flops(mode, tokens, d), ms={}, tflops={}, speedup={}, peak_mib={})
-        cell.update(first_s={}, errors={})
+        cell.update(flops=flops(mode, tokens, d), ms={}, ms_rounds={}, tflops={}, speedup={})
+        cell.update(peak_mib={}, first_s={}, errors={})
         label = f"[{i}/{len(todo)}] {mode} {a} D={d}"
+        sets = input_sets(mode, tokens, d, dt, device)  # the same inputs for every provider
+        timed = {}
         for p in providers(mode, with_compile, with_max_autotune):
             if p in COMPILED:
                 slow = " (autotuning: minutes)" if p == "max-autotune" else ""
                 log(f"{label}: {p} compiling{slow}")
-            ms = peak = first = None
+            cell["ms_rounds"][p], cell["first_s"][p] = [], None
             try:
-                t = prepare(p, mode, a, tokens, d, dt, device)
-                first = first_call(t, device)
-                ms = bench.measure(t, device, quick) * 1e3
-                peak = peak_memory(t) / 2**20 if cuda else None
+                timed[p] = prepare(p, mode, a, tokens, d, dt, device, sets)
+                cell["first_s"][p] = first_call(timed[p], device)
             except Exception as e:  # a failed provider is a missing cell, not a failed run
                 cell["errors"][p] = bench._error(e)
-            t = None  # big shapes: free this provider's inputs before the next one's
-            if cuda:
-                torch.cuda.empty_cache()
-            cell["ms"][p], cell["peak_mib"][p], cell["first_s"][p] = ms, peak, first
+        # The providers take turns, round after round: a slow spell of the machine falls on
+        # all of them rather than on whichever ran then.
+        for _ in range(rounds):
+            for p, t in list(timed.items()):
+                try:
+                    cell["ms_rounds"][p].append(bench.measure(t, device, quick) * 1e3)
+                except Exception as e:
+                    cell["errors"][p] = bench._error(e)
+                    del timed[p]
+        for p in cell["ms_rounds"]:
+            ms = statistics.median(cell["ms_rounds"][p]) if p in timed else None
+            peak = peak_memory(timed[p]) / 2**20 if cuda and p in timed else None
+            cell["ms"][p], cell["peak_mib"][p] = ms, peak
             cell["tflops"][p] = cell["flops"] / ms / 1e9 if ms and cuda else None
-            eager = cell["ms"]["eager"]  # eager runs first
+            eager = cell["ms"]["eager"]  # eager comes first
             cell["speedup"][p] = eager / ms if ms and eager else None
             log(f"{label}: {_progress(cell, p)}")
+        timed = sets = None  # big shapes: free this cell's inputs before the next one's
+        if cuda:
+            torch.cuda.empty_cache()
         result["cells"].append(cell)
         if out:
             write(result, out)
@@ -266,10 +294,16 @@ def count_kernels(mode: str, approximate: str, tokens: int, dtype, device) -> di
     }
 
 
+def _spread(cell: dict, p: str) -> str:
+    """' (fastest-slowest round)' where a provider was timed more than once."""
+    r = cell.get("ms_rounds", {}).get(p) or []
+    return f" ({min(r):.3f}-{max(r):.3f})" if len(r) > 1 else ""
+
+
 def _progress(cell: dict, p: str) -> str:
     if cell["ms"][p] is None:
         return f"{p} failed ({cell['errors'][p]})"
-    line = f"{p} {cell['ms'][p]:.3f} ms"
+    line = f"{p} {cell['ms'][p]:.3f} ms{_spread(cell, p)}"
     if cell["tflops"][p]:
         line += f" {cell['tflops'][p]:.0f} TFLOP/s"
     if cell["speedup"][p]:
@@ -289,7 +323,8 @@ def table(result: dict) -> str:
     rows = []
     for c in result["cells"]:
         for p, ms in c["ms"].items():
-            row = [c["mode"], c["approximate"], str(c["d"]), p, f"{ms:.3f}" if ms else "-"]
+            row = [c["mode"], c["approximate"], str(c["d"]), p]
+            row.append(f"{ms:.3f}{_spread(c, p)}" if ms else "-")
             if cuda:
                 row.append(f"{c['tflops'][p]:.0f}" if c["tflops"][p] else "-")
             row.append(f"{c['speedup'][p]:.2f}x" if c["speedup"][p] else "-")
@@ -352,6 +387,9 @@ def main(argv=None) -> None:
     ap.add_argument("--modes", type=_list("mode", MODES), default=list(MODES), help="infer,train")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument(
+        "--rounds", type=int, default=3, help="timings per provider, taken in turn (median)"
+    )
+    ap.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
         help="time torch.compile (default: on CUDA only)",
@@ -375,6 +413,8 @@ def main(argv=None) -> None:
         "results: bench/results)",
     )
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     try:
         bench.pick_device(args.device)
     except ValueError as e:
@@ -395,6 +435,7 @@ def main(argv=None) -> None:
         args.out,
         log,
         args.device,
+        args.rounds,
     )
     print(table(result))
     print(f"wrote {write(result, args.out)}", flush=True)
