@@ -15,7 +15,8 @@ namespace fusedops {
 
 inline DeviceInfo current_device_info() {
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  return {prop->multiProcessorCount, prop->major, static_cast<int>(prop->sharedMemPerBlockOptin)};
+  return {prop->multiProcessorCount, prop->major, static_cast<int>(prop->sharedMemPerBlockOptin),
+          static_cast<int>(prop->sharedMemPerMultiprocessor)};
 }
 
 // New CUDA tensors straight from the caching allocator, as torch's own CUDA kernels allocate

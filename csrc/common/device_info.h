@@ -8,6 +8,7 @@ struct DeviceInfo {
   int sm_count;        // multiprocessors
   int cc_major;        // compute capability
   int max_smem_optin;  // bytes of shared memory a block may opt into
+  int smem_per_sm;     // bytes of shared memory per multiprocessor
   bool has_clusters() const { return cc_major >= 9; }
 };
 

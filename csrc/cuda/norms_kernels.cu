@@ -716,19 +716,19 @@ constexpr int kBwdStagedMinRowBytes = 8 << 10;
 // 97 / 88 -> 97 / 98; 512x262144 bf16 58 / 60 -> 85 / 95, fp16 55 / 56 -> 86 / 91.
 constexpr int kBwdStagedPacks = 2, kBwdStagedThreads = 256;
 constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
-// Blocks per SM the registers must allow: two (one at 4 packs), four for fp32 layer_norm, whose
-// 64-register cap came from its former blocks of 1024 threads (at 4096-32768 columns: 90-94%).
-// Teams of up to kBwdCappedRanks blocks run at most two blocks per SM however many fit. H100, %
-// of copy, all teams capped against none: fp16 rms_norm (80 registers: three fit) 16384x4096 /
-// 8192x8192 (1 / 2 blocks per row) 87 / 85 -> 96 / 96, but 4096x32768 (8) 88 -> 85; an earlier
-// run, fp32 layer_norm (64 registers: four fit) 8192x8192 (4) 91 -> 95, 4096x32768 (16) 94 -> 83.
-// Nsight Compute timed the fp16 kernels alone within 3% of two blocks' time: the third block costs
-// in back-to-back calls. Larger clusters are placed GPC by GPC; fewer of them than fit may leave
-// some SMs with more blocks than others (not verified).
-constexpr int kBwdCappedRanks = 4, kBwdCappedBlocksPerSm = 2;
-template <typename T, bool kRms, int kPacks>
+// Two blocks per SM for the 2-pack kernel (its registers allow two; one at 4 packs), and no more:
+// each block asks for a third of the SM's shared memory or more, where three or four would have
+// fit. H100, % of copy, against as many as fit: fp16 rms_norm (80 registers: three fit) 16384x4096
+// / 8192x8192 / 4096x32768 87 / 85 / 88 -> 96 / 96 / 94; fp32 rms_norm (55) 8192x8192 92 -> 99.5,
+// 4096x32768 93 -> 95; fp32 layer_norm, which had a 64-register cap for four blocks (now 67),
+// 16384x4096 / 8192x8192 / 4096x32768 89 / 89 / 93.5 -> 99 / 97.5 / 92. Nsight Compute timed the
+// fp16 kernels alone within 3% of two blocks' time: the third block costs in back-to-back calls.
+// A grid of two blocks per SM with three fitting lost where clusters are of 8 or 16 blocks (fp16
+// rms_norm 4096x32768 88 -> 85, fp32 layer_norm 94 -> 83): clusters then crowd some SMs.
+constexpr int kBwdStagedBlocksPerSm = 2;
+template <int kPacks>
 constexpr int staged_bwd_min_blocks() {
-  return kPacks == kBwdStagedLongPacks ? 1 : sizeof(T) == 4 && !kRms ? 4 : 2;
+  return kPacks == kBwdStagedLongPacks ? 1 : kBwdStagedBlocksPerSm;
 }
 template <int kPacks>
 constexpr int staged_bwd_threads() {
@@ -736,8 +736,7 @@ constexpr int staged_bwd_threads() {
 }
 
 template <typename T, typename W, bool kRms, int VEC, int kPacks>
-__global__ void __launch_bounds__(staged_bwd_threads<kPacks>(),
-                                  staged_bwd_min_blocks<T, kRms, kPacks>())
+__global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_blocks<kPacks>())
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
@@ -1055,7 +1054,6 @@ struct BwdPlan {
   int group;             // threads per team (when not a cluster)
   bool zeroed_partials;  // the kernel adds into its partial rows
   int64_t parts;         // partial rows: one per block, or per cluster
-  int max_per_sm = 0;    // blocks per SM the grid takes at most (0: as many as fit)
 };
 
 // Blocks (clusters) of p's kernel and launch shape that fit on the device at once, after opting
@@ -1103,9 +1101,8 @@ int bwd_resident(const BwdPlan<T, W>& p, const DeviceInfo& info) {
 template <typename T, typename W>
 bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
   LaunchShape& l = p.shape;
-  int fit = bwd_resident(p, info);
+  const int fit = bwd_resident(p, info);
   if (fit < 1) return false;
-  if (p.max_per_sm > 0) fit = std::min(fit, std::max(1, p.max_per_sm * info.sm_count / l.ranks));
   const int64_t teams = ceil_div(rows, l.ranks > 1 ? 1 : l.threads / p.group);
   p.parts = std::min<int64_t>(teams, fit);
   l.blocks = p.parts * l.ranks;
@@ -1127,9 +1124,11 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
     kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kLongPacks>;
   }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
-  const size_t smem = size_t(kBwdStages) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
-  const int max_per_sm = s.ranks <= kBwdCappedRanks ? kBwdCappedBlocksPerSm : 0;
-  return {kernel, {0, s.threads, smem, s.ranks}, s.threads, false, 0, max_per_sm};
+  size_t smem = size_t(kBwdStages) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
+  if (s.packs == kPacks) {  // no more than kBwdStagedBlocksPerSm blocks per SM
+    smem = std::max(smem, size_t(info.smem_per_sm / (kBwdStagedBlocksPerSm + 1)));
+  }
+  return {kernel, {0, s.threads, smem, s.ranks}, s.threads, false, 0};
 }
 
 // The staged kernel on sm_90+, then warp teams for short rows, block and cluster teams (x and
