@@ -30,7 +30,8 @@ constexpr int kUnroll = 4;      // rows per thread whose loads are in flight tog
 // Backward: rows per thread when there is enough work. The partials cost 8 bytes of extra
 // traffic per column per block row: ~2% of the 6 bytes/element the kernel must move at 8 rows,
 // but twice the blocks of 16 rows won more (H100, % of copy, 16384x4096 / 8192x8192 bf16 91.5 /
-// 91.2 -> 92.7 / 92.8, fp32 95.3 -> 96.1; longer rows within 0.3); 32 rows lost 1-4 points.
+// 91.2 -> 92.7 / 92.8, fp32 95.3 -> 96.1; longer rows within 0.3); 32 rows lost 1-4 points, 4
+// rows 0.5-1 (16-bit).
 constexpr int kBwdRowsPerThread = 8;
 constexpr int kBlocksPerSm = 8;  // "one wave" for kThreads-thread blocks at full occupancy
 constexpr int64_t kMaxGridY = 65535;
