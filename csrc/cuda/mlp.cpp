@@ -370,20 +370,6 @@ bool lt_gemm(const LtGemm& g) {
   FUSEDOPS_LT_TRY(cublasLtMatrixLayoutCreate(&b_layout.h, type, g.a.cols, g.a.rows, g.a.cols));
   FUSEDOPS_LT_TRY(cublasLtMatrixLayoutCreate(&d_layout.h, type, n_cols, m_rows, n_cols));
 
-  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  const uint64_t max_workspace = prop->major >= 9 ? (uint64_t(32) << 20) : (uint64_t(4) << 20);
-  Preference pref;
-  FUSEDOPS_LT_TRY(cublasLtMatmulPreferenceCreate(&pref.h));
-  FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace));
-  FUSEDOPS_LT_TRY(
-      pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reduction_scheme_mask(dtype)));
-  FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(g.b.ptr)));
-  FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(g.a.ptr)));
-  FUSEDOPS_LT_TRY(
-      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(g.d.data_ptr())));
-  FUSEDOPS_LT_TRY(
-      pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(g.d.data_ptr())));
-
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const float alpha = 1.f, beta = 0.f;
@@ -416,7 +402,20 @@ bool lt_gemm(const LtGemm& g) {
                     reduction_scheme_mask(dtype)};
   const Tuning t = tuning(stream);
   std::optional<GemmChoice> choice = gemm_choices().find(key, t);
-  if (!choice) {
+  if (!choice) {  // ask the heuristic
+    const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
+    const uint64_t max_workspace = prop->major >= 9 ? (uint64_t(32) << 20) : (uint64_t(4) << 20);
+    Preference pref;
+    FUSEDOPS_LT_TRY(cublasLtMatmulPreferenceCreate(&pref.h));
+    FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, max_workspace));
+    FUSEDOPS_LT_TRY(
+        pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reduction_scheme_mask(dtype)));
+    FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(g.b.ptr)));
+    FUSEDOPS_LT_TRY(pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(g.a.ptr)));
+    FUSEDOPS_LT_TRY(
+        pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(g.d.data_ptr())));
+    FUSEDOPS_LT_TRY(
+        pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(g.d.data_ptr())));
     const bool tune = t == Tuning::kTune;
     std::array<cublasLtMatmulHeuristicResult_t, kTuneCandidates> found_algos{};
     int found = 0;
