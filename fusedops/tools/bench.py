@@ -387,8 +387,15 @@ def _per_call(step, batch: int, reps: int, device: torch.device, host_clock: boo
     return statistics.median(times) / batch
 
 
-def measure(t: Timed, device: torch.device, quick: bool = False) -> float:
-    """Median seconds per call of t, after a warm-up that compiles and touches every set."""
+# A process's first calls at a size ran slower for a while on a 2-core CPU (fp32 softmax
+# backward at 4096x1024: 9 ms for whichever provider was timed first, 3.5 ms for the second, and
+# for the first when timed again): the kernel benchmark warms each CPU provider up this long.
+CPU_WARMUP_SECONDS = 0.5
+
+
+def measure(t: Timed, device: torch.device, quick: bool = False, warmup_s: float = 0.0) -> float:
+    """Median seconds per call of t, after a warm-up that compiles and touches every set (and
+    goes on for warmup_s seconds)."""
     warmup, reps, target = _plan(device, quick)
     it = itertools.cycle(t.sets)  # one cycle throughout: no set is used twice in a row
     # Outputs stay alive for a whole rotation, so the allocator hands each call a different
@@ -401,6 +408,9 @@ def measure(t: Timed, device: torch.device, quick: bool = False) -> float:
     # Forward runs under no_grad (inference); backward needs autograd on.
     with torch.set_grad_enabled(t.grad):
         for _ in range(max(warmup, len(t.sets))):
+            step()
+        end = time.perf_counter() + warmup_s
+        while time.perf_counter() < end:
             step()
         batch = 1
         if target:  # enough calls per batch to fill `target`, from one timed call
@@ -613,7 +623,8 @@ def _predicted_seconds(spec: Spec, pass_: str, dt: str, shape, device, copy, qui
     calls = sets + max(warmup, sets) + reps * batch  # sets: a backward's y
     if device.type == "cuda" and pass_ == "fwd":
         calls += reps * 200  # measure_device
-    return len(providers(spec, device)) * (calls * call + sets * nbytes / randn_rate)
+    warm = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
+    return len(providers(spec, device)) * (calls * call + sets * nbytes / randn_rate + warm)
 
 
 def _duration(seconds: float) -> str:
@@ -669,7 +680,8 @@ def run(
         for p in providers(spec, device, with_compile):
             try:
                 timed = prepare(spec, pass_, p, rows, n, DTYPES[dt], device)
-                us = measure(timed, device, quick) * 1e6
+                warmup_s = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
+                us = measure(timed, device, quick, warmup_s) * 1e6
                 if graphed:
                     dev_us = measure_device(timed, quick) * 1e6
                     cell["device_us"][p] = dev_us
