@@ -1,5 +1,6 @@
-"""fusedops.bench's reporting, without timing anything: tables within 100 columns, numbers never
-rounded to 0, the device choice, the untracked default output, the host cost table."""
+"""fusedops.bench's reporting: tables within 100 columns, numbers never rounded to 0, the device
+choice, the untracked default output, the host cost table; and, on tiny CPU cells, the flow of a
+run and the bookkeeping of --rounds (bench and bench_mlp)."""
 
 import subprocess
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusedops.tools import bench
+from fusedops.tools import bench, bench_mlp
 
 ROOT = Path(__file__).resolve().parent.parent
 PROVIDERS = ["fusedops", "eager", "compile", "liger"]
@@ -151,3 +152,46 @@ def test_run_logs_an_estimate_and_progress(monkeypatch):
     assert [c["rows"] for c in result["cells"]] == [8, 16]
     assert all(c["gbps"]["fusedops"] > 0 for c in result["cells"])
     assert "host" not in result
+
+
+def test_rounds_take_turns_and_report_the_median(monkeypatch):
+    # Each provider timed once per round on the same prepared inputs; the cell's time is the
+    # median round (bench_mlp likewise).
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 20)
+    monkeypatch.setattr(bench, "CPU_WARMUP_SECONDS", 0.0)
+    prepared = []
+    real_prepare = bench.prepare
+    monkeypatch.setattr(bench, "prepare", lambda *a: prepared.append(a[2]) or real_prepare(*a))
+    result = bench.run(
+        ["softmax_fwd"],
+        ["fp32"],
+        [(8, 64)],
+        quick=True,
+        with_compile=False,
+        log=None,
+        device="cpu",
+        with_host=False,
+        rounds=3,
+    )
+    cell = result["cells"][0]
+    assert sorted(prepared) == ["eager", "fusedops"]  # once each, kept for the rounds
+    for p in ("fusedops", "eager"):
+        assert len(cell["rounds_us"][p]) == 3
+        assert cell["median_us"][p] == sorted(cell["rounds_us"][p])[1]
+
+
+def test_mlp_rounds():
+    result = bench_mlp.run(
+        dims=[16],
+        tokens=8,
+        approx=["tanh"],
+        modes=["infer"],
+        quick=True,
+        log=None,
+        device="cpu",
+        rounds=2,
+    )
+    cell = result["cells"][0]
+    for p in ("eager", "fusedops"):
+        assert len(cell["ms_rounds"][p]) == 2
+        assert cell["ms"][p] == pytest.approx(sum(cell["ms_rounds"][p]) / 2)

@@ -2,7 +2,7 @@
 
     python -m fusedops.bench [--device cuda|mps|cpu] [--ops softmax_fwd,softmax_bwd]
         [--dtypes bf16,fp32] [--shapes 4096x1024,...] [--quick] [--out DIR] [--no-compile]
-        [--no-plot] [--no-host | --host-only]
+        [--no-plot] [--no-host | --host-only] [--rounds N]
 
 Results go to ./fusedops-bench/ (untracked) unless --out says otherwise; the project's committed
 results are written on purpose with --out bench/results. The device is CUDA, else MPS, else the
@@ -15,6 +15,9 @@ kernel is reported as GB/s of minimal unique bytes and as % of a 2 GiB device-to
 timed the same way. MPS and CPU: time.perf_counter around each batch (synchronized on MPS), the
 same medians. On the CPU the 2 GiB copy streams through DRAM while the smaller shapes stay in
 cache, so those can exceed 100% of it: there % of copy compares with DRAM speed, not a roof.
+--rounds N times each cell's providers in turn N times on inputs prepared once and reports the
+median round: a slow spell of the machine then falls on every provider, not on whichever ran
+during it (on CPU each provider also warms up for CPU_WARMUP_SECONDS first).
 
 Host cost (on unless --no-host): microseconds per call on tiny tensors (HOST_SHAPE): each op
 forward and forward+backward and each module, fusedops beside torch's equivalent; back-to-back
@@ -641,13 +644,16 @@ def run(
     log: Callable[[str], None] | None = print,
     device: str | torch.device | None = None,
     with_host: bool = True,
+    rounds: int = 1,
 ) -> dict:
     """Time every (op, dtype, shape) cell for each provider; return the results as a dict.
 
     ops: names as in select() (none: only the host table); shapes: [(rows, N), ...], None for
     each op's own list; device: "cuda", "mps", "cpu" or None for the first present. Each cell
     holds median_us, gbps and pct_copy for each of providers() of its op (None where a provider
-    failed, with the reason under errors). with_host adds "host": host_costs().
+    failed, with the reason under errors). rounds > 1: a cell's providers are timed in turn that
+    many times on inputs prepared once (all of them in memory together), median_us is the
+    median round and rounds_us every round's. with_host adds "host": host_costs().
     """
     log = log or (lambda s: None)
     device = pick_device(device) if not isinstance(device, torch.device) else device
@@ -660,7 +666,7 @@ def run(
         log(f"note: no liger provider: {LIGER_MISSING}")
     if todo:
         calib = _calibrate(device)
-        predicted = [_predicted_seconds(*c, device, copy, quick, calib) for c in todo]
+        predicted = [rounds * _predicted_seconds(*c, device, copy, quick, calib) for c in todo]
         compiles = ", plus a torch.compile per cell (--no-compile skips it)" if with_compile else ""
         log(
             f"{len(todo)} cells: about {_duration(sum(predicted))}{compiles}; "
@@ -677,24 +683,42 @@ def run(
         graphed = device.type == "cuda" and pass_ == "fwd"
         if graphed:
             cell.update(device_us={}, device_pct_copy={})
-        for p in providers(spec, device, with_compile):
-            try:
-                timed = prepare(spec, pass_, p, rows, n, DTYPES[dt], device)
-                warmup_s = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
-                us = measure(timed, device, quick, warmup_s) * 1e6
-                if graphed:
-                    dev_us = measure_device(timed, quick) * 1e6
-                    cell["device_us"][p] = dev_us
-                    cell["device_pct_copy"][p] = 100 * nbytes / dev_us / 1e3 / copy
-            except Exception as e:  # a failed provider is a missing cell, not a failed run
-                cell["errors"][p], us = _error(e), None
-                if graphed:
-                    cell["device_us"][p] = cell["device_pct_copy"][p] = None
-            if device.type == "cuda":
-                torch.cuda.empty_cache()  # big shapes: let the next provider have the memory
+        us_rounds = {p: [] for p in providers(spec, device, with_compile)}
+        dev_rounds = {p: [] for p in us_rounds}
+        kept = {}  # with several rounds, each provider's inputs, prepared once
+        for _ in range(rounds):
+            for p in us_rounds:
+                if p in cell["errors"]:
+                    continue
+                try:
+                    timed = kept.get(p) or prepare(spec, pass_, p, rows, n, DTYPES[dt], device)
+                    if rounds > 1:
+                        kept[p] = timed
+                    warmup_s = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
+                    us_rounds[p].append(measure(timed, device, quick, warmup_s) * 1e6)
+                    if graphed:
+                        dev_rounds[p].append(measure_device(timed, quick) * 1e6)
+                except Exception as e:  # a failed provider is a missing cell, not a failed run
+                    cell["errors"][p] = _error(e)
+                    kept.pop(p, None)
+                timed = None
+                if device.type == "cuda" and not kept:
+                    torch.cuda.empty_cache()  # big shapes: let the next provider have the memory
+        kept = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        for p, samples in us_rounds.items():
+            ok = p not in cell["errors"]
+            us = statistics.median(samples) if ok else None
             gbps = nbytes / us / 1e3 if us else None
             cell["median_us"][p], cell["gbps"][p] = us, gbps
             cell["pct_copy"][p] = 100 * gbps / copy if gbps else None
+            if rounds > 1:
+                cell.setdefault("rounds_us", {})[p] = samples if ok else None
+            if graphed:
+                dev_us = statistics.median(dev_rounds[p]) if ok else None
+                cell["device_us"][p] = dev_us
+                cell["device_pct_copy"][p] = 100 * nbytes / dev_us / 1e3 / copy if dev_us else None
         done.append(cell)
         elapsed = time.perf_counter() - start
         left = elapsed * sum(predicted[i:]) / sum(predicted[:i])
@@ -911,7 +935,15 @@ def main(argv=None) -> None:
     host = ap.add_mutually_exclusive_group()
     host.add_argument("--no-host", action="store_true", help="skip the host cost table")
     host.add_argument("--host-only", action="store_true", help="only the host cost table")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="time each cell's providers in turn this many times, inputs kept (median)",
+    )
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     ops, dtypes = args.ops.split(","), args.dtypes.split(",")
     try:
         device = pick_device(args.device)
@@ -934,6 +966,7 @@ def main(argv=None) -> None:
         log,
         device,
         with_host=not args.no_host,
+        rounds=args.rounds,
     )
     print(table(result))
     for path in write(result, args.out, not args.no_plot):
