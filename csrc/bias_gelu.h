@@ -49,15 +49,19 @@ inline BiasGeluProblem check_bias_gelu(const char* op, const at::Tensor& input,
 // CUDA row kernels over contiguous [rows, cols] tensors, bias [cols] or undefined (no bias), for
 // fused_mlp's fallback and exact-GELU paths. The backward's dbias (undefined unless want_dbias)
 // is d/dbias of a bias added to input, so a caller whose input already holds its bias (the MLP's
-// pre-activation) still gets that bias' gradient. overwrite_grad_output: the backward writes its
-// dinput into grad_output's memory (a caller's temporary, dead after the call) and returns it.
+// pre-activation) still gets that bias' gradient. overwrite_input / overwrite_grad_output: the
+// kernel writes its output into that argument's memory (a caller's temporary, dead after the
+// call) and returns it.
 at::Tensor bias_gelu_rows_fwd_cuda(const at::Tensor& input, const at::Tensor& bias,
-                                   GeluApprox approx);
+                                   GeluApprox approx, bool overwrite_input = false);
 std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& grad_output,
                                                            const at::Tensor& input,
                                                            const at::Tensor& bias,
                                                            GeluApprox approx, bool want_dbias,
                                                            bool overwrite_grad_output = false);
+// The column sums of a contiguous [rows, cols] tensor, [cols] in its dtype (fp32 sums, a fixed
+// order): a bias gradient where no kernel above makes it.
+at::Tensor column_sum_rows_cuda(const at::Tensor& input);
 #endif
 
 #ifdef FUSEDOPS_WITH_MPS

@@ -16,10 +16,10 @@
 namespace fusedops {
 
 at::Tensor bias_gelu_rows_fwd_cuda(const at::Tensor& input, const at::Tensor& bias,
-                                   GeluApprox approx) {
+                                   GeluApprox approx, bool overwrite_input) {
   const c10::cuda::CUDAGuard guard(input.device());
   const int64_t rows = input.size(0), cols = input.size(1);
-  at::Tensor y = cuda_empty({rows, cols}, input.options());
+  at::Tensor y = overwrite_input ? input : cuda_empty({rows, cols}, input.options());
   if (y.numel() == 0) return y;
   const DeviceInfo dev = current_device_info();
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -65,6 +65,26 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& gra
             want_dbias ? workspace.mutable_data_ptr() : nullptr, rows, cols, approx, dev, stream));
       });
   return {dx, db};
+}
+
+at::Tensor column_sum_rows_cuda(const at::Tensor& input) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  const int64_t rows = input.size(0), cols = input.size(1);
+  if (rows == 0) return at::zeros({cols}, input.options());
+  at::Tensor sum = cuda_empty({cols}, input.options());
+  if (cols == 0) return sum;
+  const DeviceInfo dev = current_device_info();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, input.scalar_type(), "column_sum_cuda", [&] {
+        using T = cuda_t<scalar_t>;
+        // From the caching allocator on the current stream, as in bias_gelu_rows_bwd_cuda.
+        const auto bytes = static_cast<int64_t>(bias_gelu_bwd_workspace_bytes<T>(rows, cols, dev));
+        const at::Tensor workspace = cuda_empty({bytes}, input.options().dtype(at::kByte));
+        C10_CUDA_CHECK(column_sum_cuda(cuda_ptr<scalar_t>(input), cuda_mut_ptr<scalar_t>(sum),
+                                       workspace.mutable_data_ptr(), rows, cols, dev, stream));
+      });
+  return sum;
 }
 
 namespace {

@@ -3,7 +3,8 @@
 // most), by rows at a time; each thread keeps its bias pack in registers and walks kUnroll rows
 // with all loads issued before the math. Scalar packs (VEC=1) cover odd or unaligned sizes.
 // Math in fp32 (fp64 for double). dbias: per-block fp32 column partials in a workspace, then
-// partial_rows::sum adds them in a fixed order: deterministic, no atomics.
+// partial_rows::sum adds them in a fixed order: deterministic, no atomics. The same backward
+// body without the GELU is a column sum (a bias gradient alone).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -88,11 +89,13 @@ __device__ __forceinline__ void load_bias(const T* bias, int64_t col, acc_t<T> (
   }
 }
 
+// y may be x (written in place: each element is read, then written, by the same thread), so
+// neither is __restrict__.
 template <typename T, int VEC, GeluApprox kApprox>
 __global__ void __launch_bounds__(kThreads)
-    bias_gelu_fwd_kernel(const T* __restrict__ x,     // [rows, cols]
+    bias_gelu_fwd_kernel(const T* x,                  // [rows, cols]
                          const T* __restrict__ bias,  // [cols] or null
-                         T* __restrict__ y,           // [rows, cols]
+                         T* y,                        // [rows, cols]
                          int64_t rows, int64_t cols) {
   sm90::grid_dependency_wait();
   const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
@@ -121,18 +124,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// partial (when not null) gets this block's column sums of dx: partial[blockIdx.y * ld + col].
-// dx may be dy (written in place: each element is read, then written, by the same thread), so
-// neither is __restrict__.
-template <typename T, int VEC, GeluApprox kApprox>
-__global__ void __launch_bounds__(kThreads)
-    bias_gelu_bwd_kernel(const T* dy,                     // [rows, cols]
-                         const T* __restrict__ x,         // [rows, cols]
-                         const T* __restrict__ bias,      // [cols] or null
-                         T* dx,                           // [rows, cols]
-                         acc_t<T>* __restrict__ partial,  // [gridDim.y, ld] or null
-                         int64_t ld, int64_t rows, int64_t cols) {
-  sm90::grid_dependency_wait();
+// The backward's body. partial (when not null) gets this block's column sums of dx:
+// partial[blockIdx.y * ld + col]. dx may be dy (written in place: each element is read, then
+// written, by the same thread), so neither is __restrict__. kSumOnly: dx = dy, of which only the
+// column sums are made (x, bias and dx unused).
+template <typename T, int VEC, GeluApprox kApprox, bool kSumOnly>
+__device__ __forceinline__ void bias_gelu_bwd_rows(
+    const T* dy,                     // [rows, cols]
+    const T* __restrict__ x,         // [rows, cols]
+    const T* __restrict__ bias,      // [cols] or null
+    T* dx,                           // [rows, cols]
+    acc_t<T>* __restrict__ partial,  // [gridDim.y, ld] or null
+    int64_t ld, int64_t rows, int64_t cols) {
   using Acc = acc_t<T>;
   __shared__ Acc red[kThreads * VEC];  // [blockDim.y][blockDim.x * VEC]
   const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * VEC;
@@ -142,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
   // Threads past the last column still take part in the block reduction below.
   if (col < cols) {
     Acc b[VEC];
-    load_bias<T, VEC>(bias, col, b);
+    if constexpr (!kSumOnly) load_bias<T, VEC>(bias, col, b);
     const int64_t stride = int64_t(gridDim.y) * blockDim.y;
     for (int64_t r0 = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r0 < rows;
          r0 += stride * kUnroll) {
@@ -152,7 +155,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t r = r0 + u * stride;
         if (r < rows) {
           g[u] = load_pack<T, VEC>(dy + r * cols + col);
-          v[u] = load_pack<T, VEC>(x + r * cols + col);
+          if constexpr (!kSumOnly) v[u] = load_pack<T, VEC>(x + r * cols + col);
         }
       }
 #pragma unroll
@@ -162,10 +165,13 @@ __global__ void __launch_bounds__(kThreads)
           Acc d[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            d[j] = to_acc(g[u].v[j]) * gelu_of<T, kApprox, true>(to_acc(v[u].v[j]) + b[j]);
+            d[j] = to_acc(g[u].v[j]);
+            if constexpr (!kSumOnly) d[j] *= gelu_of<T, kApprox, true>(to_acc(v[u].v[j]) + b[j]);
             sum[j] += d[j];  // unrounded: dbias sums the exact per-element gradients
           }
-          store_pack<T, VEC>(dx + r * cols + col, pack_from_acc<T, VEC>(d));
+          if constexpr (!kSumOnly) {
+            store_pack<T, VEC>(dx + r * cols + col, pack_from_acc<T, VEC>(d));
+          }
         }
       }
     }
@@ -181,6 +187,24 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t gcol = int64_t(blockIdx.x) * seg + c;
     if (gcol < cols) partial[int64_t(blockIdx.y) * ld + gcol] = s;
   }
+}
+
+template <typename T, int VEC, GeluApprox kApprox>
+__global__ void __launch_bounds__(kThreads)
+    bias_gelu_bwd_kernel(const T* dy, const T* __restrict__ x, const T* __restrict__ bias, T* dx,
+                         acc_t<T>* __restrict__ partial, int64_t ld, int64_t rows, int64_t cols) {
+  sm90::grid_dependency_wait();
+  bias_gelu_bwd_rows<T, VEC, kApprox, false>(dy, x, bias, dx, partial, ld, rows, cols);
+}
+
+// A bias gradient alone (fused_mlp's db1): the column sums of dy, as partial rows.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kThreads)
+    column_sum_kernel(const T* dy, acc_t<T>* __restrict__ partial, int64_t ld, int64_t rows,
+                      int64_t cols) {
+  sm90::grid_dependency_wait();
+  bias_gelu_bwd_rows<T, VEC, GeluApprox::kNone, true>(dy, nullptr, nullptr, nullptr, partial, ld,
+                                                      rows, cols);
 }
 
 template <typename T, int VEC, GeluApprox kApprox>
@@ -201,6 +225,18 @@ cudaError_t launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, 
              dbias != nullptr ? partial : nullptr, ld, rows, cols);
   if (err != cudaSuccess || dbias == nullptr) return err;
   return partial_rows::sum<acc_t<T>, T>(partial, dbias, nullptr, nullptr, t.grid.y, ld, cols, dev,
+                                        stream);
+}
+
+template <typename T, int VEC>
+cudaError_t launch_column_sum(const T* x, T* sum, acc_t<T>* partial, int64_t rows, int64_t cols,
+                              const DeviceInfo& dev, cudaStream_t stream) {
+  const Tiling t = make_tiling(rows, cols / VEC, kBwdRowsPerThread, dev);
+  const int64_t ld = partial_rows::ld(cols);
+  const cudaError_t err =
+      launch(column_sum_kernel<T, VEC>, t.grid, t.block, dev, stream, x, partial, ld, rows, cols);
+  if (err != cudaSuccess) return err;
+  return partial_rows::sum<acc_t<T>, T>(partial, sum, nullptr, nullptr, t.grid.y, ld, cols, dev,
                                         stream);
 }
 
@@ -251,13 +287,26 @@ cudaError_t bias_gelu_bwd_cuda(const T* grad_output, const T* input, const T* bi
                                                    partial, rows, cols, dev, stream);
 }
 
+template <typename T>
+cudaError_t column_sum_cuda(const T* input, T* sum, void* workspace, int64_t rows, int64_t cols,
+                            const DeviceInfo& dev, cudaStream_t stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  constexpr int kVec = kVec16<T>;
+  auto* partial = static_cast<acc_t<T>*>(workspace);
+  return use_vec<T, kVec>(cols, {input})
+             ? launch_column_sum<T, kVec>(input, sum, partial, rows, cols, dev, stream)
+             : launch_column_sum<T, 1>(input, sum, partial, rows, cols, dev, stream);
+}
+
 #define FUSEDOPS_INSTANTIATE_BIAS_GELU(T)                                                          \
   template cudaError_t bias_gelu_fwd_cuda<T>(const T*, const T*, T*, int64_t, int64_t, GeluApprox, \
                                              const DeviceInfo&, cudaStream_t);                     \
   template size_t bias_gelu_bwd_workspace_bytes<T>(int64_t, int64_t, const DeviceInfo&);           \
   template cudaError_t bias_gelu_bwd_cuda<T>(const T*, const T*, const T*, T*, T*, void*, int64_t, \
                                              int64_t, GeluApprox, const DeviceInfo&,               \
-                                             cudaStream_t);
+                                             cudaStream_t);                                        \
+  template cudaError_t column_sum_cuda<T>(const T*, T*, void*, int64_t, int64_t,                   \
+                                          const DeviceInfo&, cudaStream_t);
 
 FUSEDOPS_INSTANTIATE_BIAS_GELU(float)
 FUSEDOPS_INSTANTIATE_BIAS_GELU(double)

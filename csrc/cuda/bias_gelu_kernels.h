@@ -15,7 +15,7 @@
 
 namespace fusedops {
 
-// output = gelu(input + bias); bias may be null (no bias).
+// output = gelu(input + bias); bias may be null (no bias); output may be input (in place).
 template <typename T>
 cudaError_t bias_gelu_fwd_cuda(const T* input,  // [rows, cols]
                                const T* bias,   // [cols] or null
@@ -23,13 +23,15 @@ cudaError_t bias_gelu_fwd_cuda(const T* input,  // [rows, cols]
                                int64_t rows, int64_t cols, GeluApprox approx, const DeviceInfo& dev,
                                cudaStream_t stream);
 
-// Bytes of device workspace bias_gelu_bwd_cuda needs to produce grad_bias (0 when rows or cols
-// is 0). The workspace must stay valid until the launches on `stream` have run.
+// Bytes of device workspace bias_gelu_bwd_cuda needs to produce grad_bias, and column_sum_cuda
+// (0 when rows or cols is 0). The workspace must stay valid until the launches on `stream` have
+// run.
 template <typename T>
 size_t bias_gelu_bwd_workspace_bytes(int64_t rows, int64_t cols, const DeviceInfo& dev);
 
-// grad_input = grad_output * gelu'(input + bias); grad_bias[c] = sum over rows of grad_input[:, c]
-// (fp32 sums, deterministic). bias may be null; grad_bias may be null (then workspace may be too).
+// grad_input = grad_output * gelu'(input + bias) (grad_input may be grad_output); grad_bias[c] =
+// sum over rows of grad_input[:, c] (fp32 sums, deterministic). bias may be null; grad_bias may be
+// null (then workspace may be too).
 template <typename T>
 cudaError_t bias_gelu_bwd_cuda(const T* grad_output,  // [rows, cols]
                                const T* input,        // [rows, cols]
@@ -39,5 +41,13 @@ cudaError_t bias_gelu_bwd_cuda(const T* grad_output,  // [rows, cols]
                                void* workspace,       // bias_gelu_bwd_workspace_bytes<T>()
                                int64_t rows, int64_t cols, GeluApprox approx, const DeviceInfo& dev,
                                cudaStream_t stream);
+
+// sum[c] = sum over rows of input[:, c] (fp32 sums, deterministic): bias_gelu_bwd_cuda's grad_bias
+// without the GELU, for a bias gradient alone.
+template <typename T>
+cudaError_t column_sum_cuda(const T* input,   // [rows, cols]
+                            T* sum,           // [cols]
+                            void* workspace,  // bias_gelu_bwd_workspace_bytes<T>()
+                            int64_t rows, int64_t cols, const DeviceInfo& dev, cudaStream_t stream);
 
 }  // namespace fusedops

@@ -2,11 +2,13 @@
 //   forward  tanh:  fc1 = GEMM + bias + GELU (GELU_AUX_BIAS, pre-activation as aux output)
 //            exact: fc1 = GEMM + bias (BIAS) into pre, then the erf GELU kernel (cuBLASLt's
 //                   GELU is the tanh form; no silent switch); fc2 = GEMM + bias (BIAS)
-//   backward dW2 + db2 (BGRADB); tanh: dpre = GEMM with the DGELU epilogue, dW1 + db1
-//            (BGRADB); exact: GEMM then the bias_gelu backward kernel (dpre and a deterministic
-//            db1), dW1 a plain GEMM; dx a plain GEMM. (DGELU_BGRAD, which also sums db1 in the
+//   backward dW2 + db2 (BGRADB); tanh: dpre = GEMM with the DGELU epilogue, db1 the column-sum
+//            kernel over dpre; exact: GEMM then the bias_gelu backward kernel (dpre and a
+//            deterministic db1); dW1 and dx plain GEMMs. (DGELU_BGRAD, which also sums db1 in the
 //            epilogue, made the whole training step 13-24% slower on an H200 at T = 8192, D =
-//            768-4096: not used.)
+//            768-4096; BGRADB on dW1 cost more than the column sum on an H100, 0.719 -> 0.690 ms
+//            a step at D = 1024: neither is used. On dW2, whose bias gradient sums the narrower
+//            dy, BGRADB and the column sum ran alike.)
 // Torch tensors are row-major, cuBLASLt column-major: y = x @ w.T is computed as y.T = w @ x.T.
 // Weights are read in place as nn.Linear's row-major [out, in] or as the column-major .t() view of
 // a weight stored [in, out] (GPT-2's Conv1D): either way no copy per call.
@@ -52,7 +54,7 @@ bool gelu_epilogue_ok(const MlpProblem& p, const at::Tensor& x) {
 // BGRADB epilogue. That epilogue keeps cuBLASLt from splitting k, so a weight too small to fill
 // the GPU on its own tiles runs on a handful of blocks: on an H200 at 2^20 rows, a training step
 // of a 16-64-16 MLP took 0.99 ms (tanh 1.67) against eager's 0.69, of a 128-128-128 one 1.75
-// (2.24) against 1.76. There, a plain GEMM and a separate column sum (as eager) run instead.
+// (2.24) against 1.76. There, a plain GEMM and the column-sum kernel run instead (as eager).
 bool bias_grad_in_epilogue(int64_t m, int64_t n, int64_t k) { return k <= m * n; }
 
 // A GEMM operand: a row-major contiguous [rows, cols] matrix (to cuBLASLt column-major
@@ -488,7 +490,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> mlp_fwd(const at::Tensor& x, cons
   if (!fused) {
     pre = at::empty({p.rows, p.hidden}, opts);
     linear_into(pre, x2, w1c, b1);
-    act = bias_gelu_rows_fwd_cuda(pre, at::Tensor(), p.approx);
+    // Without a saved pre-activation (inference) the GELU overwrites it: one [T, hidden] buffer.
+    act = bias_gelu_rows_fwd_cuda(pre, at::Tensor(), p.approx, /*overwrite_input=*/!save_pre);
   }
   at::Tensor out = at::empty({p.rows, p.out}, opts);
   linear_into(out, act, w2c, b2);
@@ -523,10 +526,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     }
     if (!fused) {
       gemm_into(g[3], dy2, true, act2, false);
-      if (mask[4]) g[4] = dy2.sum(0);
+      if (mask[4]) g[4] = column_sum_rows_cuda(dy2);
     }
   } else if (mask[4]) {
-    g[4] = dy2.sum(0);
+    g[4] = column_sum_rows_cuda(dy2);
   }
 
   if (mask[0] || mask[1] || mask[2]) {
@@ -544,20 +547,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
       std::tie(dpre, db1) =
           bias_gelu_rows_bwd_cuda(dact, pre2, at::Tensor(), p.approx, mask[2], true);
     }
-    const bool owe_db1 = fused && mask[2];  // the DGELU GEMM leaves db1 to sum
+    if (fused && mask[2]) db1 = column_sum_rows_cuda(dpre);  // the DGELU GEMM leaves db1 to sum
     if (mask[1]) {
-      // dW1 = dpre.T @ x, its BGRADB epilogue summing dpre over the rows into db1 where owed.
       g[1] = at::empty({p.hidden, p.in}, opts);
-      const bool in_epilogue = owe_db1 && bias_grad_in_epilogue(p.hidden, p.in, p.rows);
-      const at::Tensor sum = in_epilogue ? at::empty({p.hidden}, opts) : at::Tensor();
-      if (in_epilogue && lt_gemm({operand(dpre, true), operand(x2, false), g[1],
-                                  CUBLASLT_EPILOGUE_BGRADB, sum.const_data_ptr()})) {
-        db1 = sum;
-      } else {
-        gemm_into(g[1], dpre, true, x2, false);
-      }
+      gemm_into(g[1], dpre, true, x2, false);
     }
-    if (owe_db1 && !db1.defined()) db1 = dpre.sum(0);
     if (mask[0]) {
       g[0] = at::empty({p.rows, p.in}, opts);
       gemm_into(g[0], dpre, false, w1c, false);
