@@ -2,13 +2,13 @@
 //   forward  tanh:  fc1 = GEMM + bias + GELU (GELU_AUX_BIAS, pre-activation as aux output)
 //            exact: fc1 = GEMM + bias (BIAS) into pre, then the erf GELU kernel (cuBLASLt's
 //                   GELU is the tanh form; no silent switch); fc2 = GEMM + bias (BIAS)
-//   backward dW2 + db2 (BGRADB); tanh: dpre = GEMM with the DGELU epilogue, db1 the column-sum
-//            kernel over dpre; exact: GEMM then the bias_gelu backward kernel (dpre and a
-//            deterministic db1); dW1 and dx plain GEMMs. (DGELU_BGRAD, which also sums db1 in the
-//            epilogue, made the whole training step 13-24% slower on an H200 at T = 8192, D =
-//            768-4096; BGRADB on dW1 cost more than the column sum on an H100, 0.719 -> 0.690 ms
-//            a step at D = 1024: neither is used. On dW2, whose bias gradient sums the narrower
-//            dy, BGRADB and the column sum ran alike.)
+//   backward dW2 + db2 (BGRADB); tanh with out >= 512: dpre = GEMM with the DGELU epilogue, db1
+//            the column-sum kernel over dpre; else: GEMM then the bias_gelu backward kernel
+//            (dpre and a deterministic db1); dW1 and dx plain GEMMs. (DGELU_BGRAD, which also
+//            sums db1 in the epilogue, made the whole training step 13-24% slower on an H200 at
+//            T = 8192, D = 768-4096; BGRADB on dW1 cost more than the column sum on an H100,
+//            0.719 -> 0.690 ms a step at D = 1024: neither is used. On dW2, whose bias gradient
+//            sums the narrower dy, BGRADB and the column sum ran alike.)
 // Torch tensors are row-major, cuBLASLt column-major: y = x @ w.T is computed as y.T = w @ x.T.
 // Weights are read in place as nn.Linear's row-major [out, in] or as the column-major .t() view of
 // a weight stored [in, out] (GPT-2's Conv1D): either way no copy per call.
@@ -48,6 +48,17 @@ namespace {
 
 bool gelu_epilogue_ok(const MlpProblem& p, const at::Tensor& x) {
   return p.approx == GeluApprox::kTanh && x.scalar_type() != at::kFloat;
+}
+
+// The backward's DGELU epilogue (dpre = (dy @ w2) * gelu'(pre) in the GEMM) only where that GEMM's
+// k, the out features, is large enough for the GEMM to hide it. Against a plain GEMM and the
+// bias_gelu backward kernel (which also sums db1), a bf16 tanh training step on an H200, ms:
+// 2^20 rows, in-hidden-out 16-64-16 0.683 against 0.508, 64-256-64 1.905 / 1.761, 128-512-128
+// 3.89 / 3.58; T = 8192, out 768 0.442 / 0.436, 1024 0.682 / 0.690, 4096 10.17 / 10.23.
+constexpr int64_t kDgeluMinOut = 512;
+
+bool dgelu_epilogue_ok(const MlpProblem& p, const at::Tensor& x) {
+  return gelu_epilogue_ok(p, x) && p.out >= kDgeluMinOut;
 }
 
 // Whether a weight gradient [m, n] summed over k rows should also sum the bias gradient in its
@@ -535,7 +546,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
   if (mask[0] || mask[1] || mask[2]) {
     at::Tensor dpre, db1;
     bool fused = false;
-    if (gelu_epilogue_ok(p, x)) {
+    if (dgelu_epilogue_ok(p, x)) {
       // dpre = (dy @ w2) * gelu_tanh'(pre) in the GEMM's epilogue.
       dpre = at::empty({p.rows, p.hidden}, opts);
       fused = lt_gemm({operand(dy2, false), operand(w2c, false), dpre, CUBLASLT_EPILOGUE_DGELU,
