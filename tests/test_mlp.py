@@ -114,6 +114,18 @@ def test_recompute_activation_same_grads(approximate, device):
         torch.testing.assert_close(g_rc, g, atol=tol, rtol=tol)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("approximate", APPROX)
+@pytest.mark.parametrize("n_out", [64, 512])
+def test_cuda_recompute_activation_16bit(n_out, approximate):
+    # recompute_activation on the 16-bit GEMM paths (tanh: the DGELU epilogue where out >= 512,
+    # the bias_gelu backward kernel below): every gradient obeys the tolerance rule against fp64
+    # and torch.
+    x = torch.randn(4, 32, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w1, b1, w2, b2 = params(64, 256, n_out, torch.bfloat16, "cuda")
+    check_block(x, w1, b1, w2, b2, approximate, recompute=True)
+
+
 def saved_activation_bytes(module, x):
     """Bytes of the tensors autograd saves for module(x).sum(), parameters not counted."""
     param_storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
