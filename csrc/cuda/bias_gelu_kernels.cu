@@ -197,7 +197,8 @@ __global__ void __launch_bounds__(kThreads)
   bias_gelu_bwd_rows<T, VEC, kApprox, false>(dy, x, bias, dx, partial, ld, rows, cols);
 }
 
-// A bias gradient alone (fused_mlp's db1): the column sums of dy, as partial rows.
+// A bias gradient alone (fused_mlp's db1 after its DGELU GEMM, db2 where no epilogue sums it):
+// the column sums of dy, as partial rows.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
     column_sum_kernel(const T* dy, acc_t<T>* __restrict__ partial, int64_t ld, int64_t rows,

@@ -54,7 +54,7 @@ bool gelu_epilogue_ok(const MlpProblem& p, const at::Tensor& x) {
 // k, the out features, is large enough for the GEMM to hide it. Against a plain GEMM and the
 // bias_gelu backward kernel (which also sums db1), a bf16 tanh training step on an H200, ms:
 // 2^20 rows, in-hidden-out 16-64-16 0.683 against 0.508, 64-256-64 1.905 / 1.761, 128-512-128
-// 3.89 / 3.58; T = 8192, out 768 0.442 / 0.436, 1024 0.682 / 0.690, 4096 10.17 / 10.23.
+// 3.86 / 3.58; T = 8192, out 768 0.442 / 0.436, 1024 0.682 / 0.690, 4096 10.17 / 10.23.
 constexpr int64_t kDgeluMinOut = 512;
 
 bool dgelu_epilogue_ok(const MlpProblem& p, const at::Tensor& x) {
