@@ -4,6 +4,7 @@ Tolerance rule (DESIGN.md 6): err(fusedops) <= 2 * err(torch at the same dtype) 
 measured against fp64 on CPU. CUDA tests skip without a GPU.
 """
 
+import functools
 import gc
 
 import pytest
@@ -299,6 +300,39 @@ def test_compile_fullgraph(device):
     f(x2).backward()
     torch.testing.assert_close(loss, f(x2.detach()))
     torch.testing.assert_close(x.grad, x2.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_modules_leave_the_norm_to_inductor_under_compile(device):
+    """Compiled, the modules call torch's norm (inductor fuses it with the residual add); the
+    functional ops keep the fused kernel; eager modules call it too."""
+    targets = []
+
+    def record(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    def compiled_targets(f, x):
+        targets.clear()
+        torch._dynamo.reset()
+        torch.compile(lambda x: f(x + 1), backend=record, fullgraph=True)(x)
+        return list(targets)
+
+    x = torch.randn(3, 32, device=device)
+    for module, functional in (
+        (fusedops.nn.LayerNorm(32, device=device), fusedops.layer_norm),
+        (fusedops.nn.RMSNorm(32, device=device), fusedops.rms_norm),
+    ):
+        name, weight = functional.__name__, module.weight
+        as_module = compiled_targets(module, x)
+        assert any(name in t for t in as_module) and not any("fusedops" in t for t in as_module)
+        as_function = compiled_targets(
+            functools.partial(functional, normalized_shape=[32], weight=weight), x
+        )
+        assert any(f"fusedops.{name}_fwd" in t for t in as_function), as_function
+        with torch.autograd.profiler.profile() as prof:
+            module(x)
+        assert any(f"fusedops::{name}_fwd" in e.name for e in prof.function_events)
 
 
 @pytest.mark.parametrize("kind", ["LayerNorm", "RMSNorm"])
