@@ -40,8 +40,8 @@ def _dim(dim, input: torch.Tensor) -> int:
 # inductor fuses it with its neighbours: the residual add before it and the norm become one
 # pass, where an opaque norm kernel leaves the add a pass of its own. H200, bf16, compiled
 # residual add + layer_norm, inductor's against the fused norm: 71 against 89 us at 8192x4096,
-# 140 against 170 at 4096x16384; a compiled GPT-2 small forward at 1x64 tokens went from 14%
-# slower than without the swap to level (bench/compile_swap.py). Called directly,
+# 140 against 170 at 4096x16384; a compiled GPT-2 small forward at 1x64 tokens went from 13-14%
+# slower than without the swap to 0-2.5% (bench/compile_swap.py). Called directly,
 # fusedops.layer_norm and rms_norm keep their kernels under torch.compile: alone, the fused norm
 # leads from 4096 columns (layer_norm 71 against 94 us at 16384x4096).
 
