@@ -84,40 +84,33 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
 
 // softmax:     dx = y * (dy - sum(dy * y))
 // log_softmax: dx = dy - exp(y) * sum(dy)
-// Two passes over the rows. fp16/bf16: the first pass widens dy and y into per-thread buffers,
-// which the second reads (each element converted once).
+// Two passes over each row, both reading dy and y from the tensors (the second from cache) and
+// widening fp16/bf16 as loaded: fp32 copies of long rows would not stay in cache.
 template <typename T>
 void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log) {
   using A = acc_t<T>;
-  constexpr bool kWiden = !std::is_same_v<T, A>;
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
-    std::vector<A> dybuf(kWiden ? cols : 0), ybuf(dybuf.size());
     for (int64_t r = begin; r < end; ++r) {
       const T* dyr = dy + r * cols;
       const T* yr = y + r * cols;
-      Sum<A> s;
-      for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
-        using V = decltype(t);
-        const V g = ld<V>(dyr + i), o = ld<V>(yr + i);
-        if constexpr (kWiden) {
-          st(dybuf.data() + i, g);
-          st(ybuf.data() + i, o);
-        }
-        s.add(log ? g : g * o);
-      });
-      const A sum = s.total();
-      const A* g = cpu::acc_row(dyr, dybuf);
-      const A* o = cpu::acc_row(yr, ybuf);
       T* dxr = dx + r * cols;
+      Sum<A> s;
       if (log) {
+        for_each_vec<A>(0, cols, [&](int64_t i, auto t) { s.add(ld<decltype(t)>(dyr + i)); });
+        const A sum = s.total();
         for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
           using V = decltype(t);
-          st(dxr + i, ld<V>(g + i) - cpu::exp(ld<V>(o + i)) * V(sum));
+          st(dxr + i, ld<V>(dyr + i) - cpu::exp(ld<V>(yr + i)) * V(sum));
         });
       } else {
         for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
           using V = decltype(t);
-          st(dxr + i, ld<V>(o + i) * (ld<V>(g + i) - V(sum)));
+          s.add(ld<V>(dyr + i) * ld<V>(yr + i));
+        });
+        const A sum = s.total();
+        for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
+          using V = decltype(t);
+          st(dxr + i, ld<V>(yr + i) * (ld<V>(dyr + i) - V(sum)));
         });
       }
     }
