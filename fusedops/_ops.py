@@ -136,7 +136,12 @@ def _mlp_bwd_fake(grad_out, x, w1, w2, pre, act, approximate, output_mask):
     _check_approximate("fused_mlp_backward", approximate)
     shapes = (x.shape, w1.shape, w1.shape[:1], w2.shape, w2.shape[:1])
     pairs = zip(shapes, output_mask, strict=True)
-    return tuple(x.new_empty(shape if need else (0,)) for shape, need in pairs)
+    out = [x.new_empty(shape if need else (0,)) for shape, need in pairs]
+    for i, w in ((1, w1), (3, w2)):
+        # A transposed weight (the .t() of a contiguous [in, out]) gets its gradient column-major.
+        if output_mask[i] and not w.is_contiguous() and w.stride() == (1, w.shape[0]):
+            out[i] = x.new_empty(w.shape[::-1]).t()
+    return tuple(out)
 
 
 _MLP_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "none")

@@ -218,6 +218,31 @@ def test_opcheck(requires_grad, approximate, device):
             torch.library.opcheck(bwd, (dy, *detached, saved_act, approximate, mask))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("approximate", APPROX)
+def test_transposed_weights_get_column_major_grads(approximate, dtype, device):
+    """Weights stored [in, out] (GPT-2's Conv1D) and passed as .t(): the backward writes their
+    gradients column-major, so that the stored weights get contiguous gradients without a copy;
+    the values are those of row-major weights (to the GEMMs' rounding)."""
+    if dtype == torch.bfloat16 and device == "cpu":
+        pytest.skip("the CUDA GEMM paths are what differ; fp32 covers the composed CPU path")
+    ops = torch.ops.fusedops
+    x = torch.randn(64, 256, dtype=dtype, device=device)
+    dy = torch.randn(64, 256, dtype=dtype, device=device)
+    w1, b1, w2, b2 = (t.detach() for t in params(256, 512, 256, dtype, device))
+    stored = [w.t().contiguous() for w in (w1, w2)]  # [in, hidden], [hidden, out]
+    saved = ops.mlp_fwd(x, w1, b1, w2, b2, approximate, True, True)[1:]
+    want = ops.mlp_bwd(dy, x, w1, w2, *saved, approximate, [True] * 5)
+    got = ops.mlp_bwd(dy, x, stored[0].t(), stored[1].t(), *saved, approximate, [True] * 5)
+    assert got[1].t().is_contiguous() and got[3].t().is_contiguous()
+    for g, w in zip(got, want, strict=True):  # the transposed GEMMs may sum in another order
+        torch.testing.assert_close(g, w)
+    torch.library.opcheck(
+        ops.mlp_bwd.default,
+        (dy, x, stored[0].t(), stored[1].t(), *saved, approximate, [True] * 5),
+    )
+
+
 @pytest.mark.parametrize("approximate", APPROX)
 @pytest.mark.parametrize("recompute", [False, True])
 def test_gradcheck(recompute, approximate):

@@ -463,6 +463,19 @@ void gemm_into(at::Tensor& d, const at::Tensor& a, bool a_t, const at::Tensor& b
   at::mm_out(d, a_t ? a.t() : a, b_t ? b.t() : b);
 }
 
+// op(a) @ op(b) as the gradient of weight w, in w's layout (weight_grad_mm's rule, mlp.h).
+at::Tensor weight_grad(const at::Tensor& w, const at::Tensor& a, bool a_t, const at::Tensor& b,
+                       bool b_t) {
+  if (!transposed_weight(w)) {
+    at::Tensor d = at::empty(w.sizes(), a.options());
+    gemm_into(d, a, a_t, b, b_t);
+    return d;
+  }
+  at::Tensor d_t = at::empty({w.size(1), w.size(0)}, a.options());
+  gemm_into(d_t, b, !b_t, a, !a_t);  // (op(a) @ op(b)).T = op(b).T @ op(a).T
+  return d_t.t();
+}
+
 // d = a @ w.T + bias (nn.Linear): cuBLASLt with the BIAS epilogue, else ATen.
 void linear_into(at::Tensor& d, const at::Tensor& a, const at::Tensor& w, const at::Tensor& bias) {
   if (!bias.defined()) return gemm_into(d, a, false, w, true);
@@ -527,16 +540,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     const at::Tensor act2 = act.sizes() == pre.sizes()
                                 ? act.reshape({p.rows, p.hidden}).contiguous()
                                 : bias_gelu_rows_fwd_cuda(pre2, at::Tensor(), p.approx);
-    g[3] = at::empty({p.out, p.hidden}, opts);
     // dW2 = dy.T @ act; BGRADB sums dy over the rows (the GEMM's k) into db2.
     bool fused = false;
-    if (mask[4] && bias_grad_in_epilogue(p.out, p.hidden, p.rows)) {
+    if (mask[4] && !transposed_weight(w2) && bias_grad_in_epilogue(p.out, p.hidden, p.rows)) {
+      g[3] = at::empty({p.out, p.hidden}, opts);
       g[4] = at::empty({p.out}, opts);
       fused = lt_gemm({operand(dy2, true), operand(act2, false), g[3], CUBLASLT_EPILOGUE_BGRADB,
                        g[4].const_data_ptr()});
     }
     if (!fused) {
-      gemm_into(g[3], dy2, true, act2, false);
+      g[3] = weight_grad(w2, dy2, true, act2, false);
       if (mask[4]) g[4] = column_sum_rows_cuda(dy2);
     }
   } else if (mask[4]) {
@@ -559,10 +572,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
           bias_gelu_rows_bwd_cuda(dact, pre2, at::Tensor(), p.approx, mask[2], true);
     }
     if (fused && mask[2]) db1 = column_sum_rows_cuda(dpre);  // the DGELU GEMM leaves db1 to sum
-    if (mask[1]) {
-      g[1] = at::empty({p.hidden, p.in}, opts);
-      gemm_into(g[1], dpre, true, x2, false);
-    }
+    if (mask[1]) g[1] = weight_grad(w1, dpre, true, x2, false);
     if (mask[0]) {
       g[0] = at::empty({p.rows, p.in}, opts);
       gemm_into(g[0], dpre, false, w1c, false);
