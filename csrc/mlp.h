@@ -136,11 +136,7 @@ std::array<at::Tensor, 5> mlp_bwd_composed(const MlpProblem& p, const at::Tensor
                                            const at::Tensor& act2, std::array<bool, 5> mask,
                                            const GeluFwd& gelu_fwd, const GeluBwd& gelu_bwd) {
   std::array<at::Tensor, 5> g;
-  if (mask[3]) {
-    const at::Tensor act = act2.defined() ? act2 : gelu_fwd(pre2, at::Tensor(), p.approx);
-    g[3] = weight_grad_mm(w2, dy2.t(), act);
-  }
-  if (mask[4]) g[4] = dy2.sum(0);
+  // dpre before dW2 (the CUDA backward's order): dpre is freed before dW2 and a recomputed act.
   if (mask[0] || mask[1] || mask[2]) {
     const at::Tensor dact = at::mm(dy2, w2);
     auto [dpre, db1] = gelu_bwd(dact, pre2, at::Tensor(), p.approx, mask[2]);
@@ -148,6 +144,11 @@ std::array<at::Tensor, 5> mlp_bwd_composed(const MlpProblem& p, const at::Tensor
     if (mask[1]) g[1] = weight_grad_mm(w1, dpre.t(), x2);
     g[2] = db1;
   }
+  if (mask[3]) {
+    const at::Tensor act = act2.defined() ? act2 : gelu_fwd(pre2, at::Tensor(), p.approx);
+    g[3] = weight_grad_mm(w2, dy2.t(), act);
+  }
+  if (mask[4]) g[4] = dy2.sum(0);
   return g;
 }
 

@@ -2,6 +2,7 @@
 dtype (the eager nn.Sequential it replaces)."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -310,6 +311,43 @@ def test_cuda_many_rows(width, cuda_device):
         mlp = FullyFusedMLP(n_in, 7, width, 4).to(cuda_device, torch.bfloat16)
         x = torch.randn(70001, n_in, device=cuda_device, dtype=torch.bfloat16, requires_grad=True)
         check(mlp, x)
+
+
+def _block_sizes(fn, tmp_path) -> dict[str, int]:
+    """Threads per block of each fused kernel fn launches, from the profiler's trace."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    trace = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    return {
+        kind: e["args"]["block"][0]
+        for e in events
+        if e.get("cat") == "kernel"
+        for kind in ("forward", "backward")
+        if f"ffm_{kind}_kernel" in e["name"]
+    }
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "n_in, layers, blocks",
+    [
+        (128, 4, {"forward": 384, "backward": 384}),  # 12 warps fit beside the weights
+        (16, 5, {"forward": 256, "backward": 384}),  # the forward's biases leave room for 8
+    ],
+)
+def test_cuda_width_128_takes_the_warps_that_fit(n_in, layers, blocks, cuda_device, tmp_path):
+    # Width 128 runs 12 warps per block where their staging tiles fit the shared memory a block
+    # may opt into, else 8; the expected sizes are for sm_90's 227 KiB.
+    if torch.cuda.get_device_properties(cuda_device).shared_memory_per_block_optin != 227 * 1024:
+        pytest.skip("the expected block sizes are for 227 KiB of shared memory per block")
+    torch.manual_seed(0)
+    mlp = FullyFusedMLP(n_in, 128, 128, layers).to(cuda_device, torch.bfloat16)
+    x = torch.randn(5000, n_in, device=cuda_device, dtype=torch.bfloat16, requires_grad=True)
+    assert _block_sizes(lambda: mlp(x).sum().backward(), tmp_path) == blocks
+    check(mlp, x)
 
 
 def one_past_16_bytes(t: torch.Tensor) -> torch.Tensor:

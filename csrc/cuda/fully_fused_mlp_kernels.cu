@@ -37,7 +37,7 @@
 namespace fusedops {
 namespace {
 
-constexpr int kWarps = 8;      // warps per block, 16 rows each
+constexpr int kWarps = 8;      // warps per block, 16 rows each (at width 128: up to 12, below)
 constexpr int kTileRows = 16;  // rows per warp tile: the MMA's M
 constexpr int kSkew = 8;       // halves added to each shared-memory row (bank-conflict-free)
 
@@ -68,6 +68,11 @@ __host__ __device__ inline int mat_elems(const FfmShape& s, int l, bool transpos
 // memory.
 __host__ __device__ constexpr int stage_ld(int width) { return width + kSkew; }
 
+// The most warps a block of this width runs. A width-128 block is alone on its SM (its weights fill
+// shared memory), and 8 warps of 188 registers left that SM waiting on dependencies: it takes 12
+// (at most 168 registers each) where their staging tiles fit beside the weights (warps_for).
+__host__ __device__ constexpr int max_warps(int width) { return width >= 128 ? 12 : kWarps; }
+
 // The register width: the smallest of 16, 32, 64, 128 that holds every layer's features.
 inline int width_of(const FfmShape& s) {
   int w = pad16(s.in) > s.hidden ? pad16(s.in) : s.hidden;
@@ -75,16 +80,25 @@ inline int width_of(const FfmShape& s) {
   return w <= 16 ? 16 : w <= 32 ? 32 : w <= 64 ? 64 : 128;
 }
 
-// Shared memory of one block: every matrix, the fp32 biases (forward), the staging tiles.
+// Shared memory of one block of `warps` warps: every matrix, the fp32 biases (forward), the
+// staging tiles.
 template <typename T>
-size_t smem_bytes(const FfmShape& s, bool backward) {
+size_t smem_bytes(const FfmShape& s, bool backward, int warps) {
   size_t halves = 0, biases = 0;
   for (int l = 0; l < s.matrices; ++l) {
     halves += mat_elems(s, l, backward);
     biases += mat_dims(s, l).n;
   }
   return halves * sizeof(T) + (backward ? 0 : biases * sizeof(float)) +
-         size_t(kWarps) * kTileRows * stage_ld(width_of(s)) * sizeof(T);
+         size_t(warps) * kTileRows * stage_ld(width_of(s)) * sizeof(T);
+}
+
+// Warps per block for s on this device: max_warps where that block fits its shared memory, else
+// kWarps (deep width-128 networks on sm_87's 163 KiB, say).
+template <typename T>
+int warps_for(const FfmShape& s, bool backward, const DeviceInfo& dev) {
+  const int most = max_warps(width_of(s));
+  return smem_bytes<T>(s, backward, most) <= size_t(dev.max_smem_optin) ? most : kWarps;
 }
 
 template <typename T>
@@ -499,13 +513,13 @@ constexpr int kMinBlocks = W >= 128  ? 1
                            : W == 64 ? (kBackward ? 2 : 3)
                                      : 4;
 
-// Persistent blocks: each loads the weights once, then walks tiles of kWarps x 16 rows.
+// Persistent blocks: each loads the weights once, then walks tiles of (its warps) x 16 rows.
 template <typename T, int W>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W, false>)
+__global__ void __launch_bounds__(max_warps(W) * 32, kMinBlocks<W, false>)
     ffm_forward_kernel(const FfmForward<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const FfmShape& s = p.s;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int t2 = 2 * (lane & 3);
 
   T* weights = reinterpret_cast<T*>(smem);
@@ -528,9 +542,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W, false>)
   const bool out_pre_vec = p.out_pre && vec_ok(p.out_pre, s.out);
   __syncthreads();
 
-  const int64_t tiles = (s.rows + kWarps * kTileRows - 1) / (kWarps * kTileRows);
+  const int64_t tiles = (s.rows + warps * kTileRows - 1) / (warps * kTileRows);
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t r0 = (tile * kWarps + warp) * kTileRows;
+    const int64_t r0 = (tile * warps + warp) * kTileRows;
     if (r0 >= s.rows) break;  // no block-wide barrier below: warps finish independently
     load_tile<T, W>(stage, p.x, r0, s.rows, s.in, x_vec, static_cast<const T*>(nullptr),
                     MlpActivation::kNone, lane);
@@ -581,11 +595,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W, false>)
 // Walks the layers backward: grad of the output's pre-activation -> through W_L^T -> times act'
 // -> grad of hidden layer L-1's pre-activation (stored) -> ... -> through W_0^T -> grad_x.
 template <typename T, int W>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W, true>)
+__global__ void __launch_bounds__(max_warps(W) * 32, kMinBlocks<W, true>)
     ffm_backward_kernel(const FfmBackward<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const FfmShape& s = p.s;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int g = lane >> 2, t2 = 2 * (lane & 3);
 
   T* weights = reinterpret_cast<T*>(smem);
@@ -596,7 +610,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W, true>)
   }
   T* stage = weights + halves + warp * kTileRows * stage_ld(W);
   float* partial = p.bias_partial
-                       ? p.bias_partial + (int64_t(blockIdx.x) * kWarps + warp) * s.matrices * W
+                       ? p.bias_partial + (int64_t(blockIdx.x) * warps + warp) * s.matrices * W
                        : nullptr;
   if (partial) {
     for (int i = lane; i < s.matrices * W; i += 32) partial[i] = 0.f;
@@ -613,9 +627,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W, true>)
   const bool go_pre_vec = p.grad_out_pre && vec_ok(p.grad_out_pre, s.out);
   const bool deriv_vec = deriv && vec_ok(deriv, s.hidden);
   const bool ghp_vec = vec_ok(p.grad_hidden_pre, s.hidden), gx_vec = vec_ok(p.grad_x, s.in);
-  const int64_t tiles = (s.rows + kWarps * kTileRows - 1) / (kWarps * kTileRows);
+  const int64_t tiles = (s.rows + warps * kTileRows - 1) / (warps * kTileRows);
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t r0 = (tile * kWarps + warp) * kTileRows;
+    const int64_t r0 = (tile * warps + warp) * kTileRows;
     if (r0 >= s.rows) break;
     const int valid = s.rows - r0 < kTileRows ? int(s.rows - r0) : kTileRows;
     ColumnSums<W> sums;
@@ -671,19 +685,19 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks<W, true>)
 // also lets the kernel use all of the shared memory a block may opt into there (always the maximum,
 // so that a smaller problem never lowers the limit a larger one relies on).
 template <typename Kernel>
-int blocks_per_sm(Kernel kernel, size_t smem, const DeviceInfo& dev) {
+int blocks_per_sm(Kernel kernel, int warps, size_t smem, const DeviceInfo& dev) {
   static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, size_t>, int> cache;
+  static std::map<std::tuple<const void*, int, int, size_t>, int> cache;
   int device = 0;
   cudaGetDevice(&device);
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, smem);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, warps, smem);
   const std::lock_guard<std::mutex> lock(mutex);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
   int blocks = 0;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            dev.max_smem_optin) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kWarps * 32, smem) !=
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, warps * 32, smem) !=
           cudaSuccess) {
     return 0;  // the caller launches anyway and reports the runtime's error
   }
@@ -692,9 +706,9 @@ int blocks_per_sm(Kernel kernel, size_t smem, const DeviceInfo& dev) {
 }
 
 template <typename Kernel>
-int grid_size(Kernel kernel, const FfmShape& s, size_t smem, const DeviceInfo& dev) {
-  const int64_t tiles = (s.rows + kWarps * kTileRows - 1) / (kWarps * kTileRows);
-  const int per_sm = blocks_per_sm(kernel, smem, dev);
+int grid_size(Kernel kernel, const FfmShape& s, int warps, size_t smem, const DeviceInfo& dev) {
+  const int64_t tiles = (s.rows + warps * kTileRows - 1) / (warps * kTileRows);
+  const int per_sm = blocks_per_sm(kernel, warps, smem, dev);
   const int64_t resident = int64_t(dev.sm_count) * (per_sm > 0 ? per_sm : 1);
   return int(tiles < resident ? tiles : resident);
 }
@@ -702,8 +716,9 @@ int grid_size(Kernel kernel, const FfmShape& s, size_t smem, const DeviceInfo& d
 template <typename T, typename Params, typename Kernel>
 cudaError_t launch(Kernel kernel, const Params& p, bool backward, const DeviceInfo& dev,
                    cudaStream_t stream) {
-  const size_t smem = smem_bytes<T>(p.s, backward);
-  kernel<<<grid_size(kernel, p.s, smem, dev), kWarps * 32, smem, stream>>>(p);
+  const int warps = warps_for<T>(p.s, backward, dev);
+  const size_t smem = smem_bytes<T>(p.s, backward, warps);
+  kernel<<<grid_size(kernel, p.s, warps, smem, dev), warps * 32, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -731,7 +746,8 @@ bool ffm_supported(const FfmShape& s, const DeviceInfo& dev) {
   if (!dims || dev.cc_major < 8) return false;
   // fp16 and bf16 need the same bytes.
   const size_t limit = size_t(dev.max_smem_optin);
-  return smem_bytes<__half>(s, false) <= limit && smem_bytes<__half>(s, true) <= limit;
+  return smem_bytes<__half>(s, false, kWarps) <= limit &&
+         smem_bytes<__half>(s, true, kWarps) <= limit;
 }
 
 template <typename T>
@@ -753,8 +769,9 @@ int ffm_width(const FfmShape& s) { return width_of(s); }
 template <typename T>
 int64_t ffm_backward_bias_partials(const FfmShape& s, const DeviceInfo& dev) {
   return with_backward_kernel<T>(s, [&](auto kernel, int width) {
-    const int grid = grid_size(kernel, s, smem_bytes<T>(s, true), dev);
-    return int64_t(grid) * kWarps * s.matrices * width;
+    const int warps = warps_for<T>(s, true, dev);
+    const int grid = grid_size(kernel, s, warps, smem_bytes<T>(s, true, warps), dev);
+    return int64_t(grid) * warps * s.matrices * width;
   });
 }
 

@@ -536,26 +536,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
   const auto opts = x.options();
   std::array<at::Tensor, 5> g;  // dx, dw1, db1, dw2, db2
 
-  if (mask[3]) {
-    const at::Tensor act2 = act.sizes() == pre.sizes()
-                                ? act.reshape({p.rows, p.hidden}).contiguous()
-                                : bias_gelu_rows_fwd_cuda(pre2, at::Tensor(), p.approx);
-    // dW2 = dy.T @ act; BGRADB sums dy over the rows (the GEMM's k) into db2.
-    bool fused = false;
-    if (mask[4] && !transposed_weight(w2) && bias_grad_in_epilogue(p.out, p.hidden, p.rows)) {
-      g[3] = at::empty({p.out, p.hidden}, opts);
-      g[4] = at::empty({p.out}, opts);
-      fused = lt_gemm({operand(dy2, true), operand(act2, false), g[3], CUBLASLT_EPILOGUE_BGRADB,
-                       g[4].const_data_ptr()});
-    }
-    if (!fused) {
-      g[3] = weight_grad(w2, dy2, true, act2, false);
-      if (mask[4]) g[4] = column_sum_rows_cuda(dy2);
-    }
-  } else if (mask[4]) {
-    g[4] = column_sum_rows_cuda(dy2);
-  }
-
+  // dpre first, freed at the end of its block, before dW2 and a recomputed act are allocated:
+  // the saved pre and act live until this returns, so the peak is what lives beside them.
   if (mask[0] || mask[1] || mask[2]) {
     at::Tensor dpre, db1;
     bool fused = false;
@@ -579,6 +561,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     }
     g[2] = db1;
   }
+  if (mask[3]) {
+    const at::Tensor act2 = act.sizes() == pre.sizes()
+                                ? act.reshape({p.rows, p.hidden}).contiguous()
+                                : bias_gelu_rows_fwd_cuda(pre2, at::Tensor(), p.approx);
+    // dW2 = dy.T @ act; BGRADB sums dy over the rows (the GEMM's k) into db2.
+    bool fused = false;
+    if (mask[4] && !transposed_weight(w2) && bias_grad_in_epilogue(p.out, p.hidden, p.rows)) {
+      g[3] = at::empty({p.out, p.hidden}, opts);
+      g[4] = at::empty({p.out}, opts);
+      fused = lt_gemm({operand(dy2, true), operand(act2, false), g[3], CUBLASLT_EPILOGUE_BGRADB,
+                       g[4].const_data_ptr()});
+    }
+    if (!fused) {
+      g[3] = weight_grad(w2, dy2, true, act2, false);
+      if (mask[4]) g[4] = column_sum_rows_cuda(dy2);
+    }
+  } else if (mask[4]) {
+    g[4] = column_sum_rows_cuda(dy2);
+  }
+
   return mlp_bwd_outputs(x, g);
 }
 
