@@ -330,24 +330,35 @@ def _block_sizes(fn, tmp_path) -> dict[str, int]:
     }
 
 
+# Width-128 networks (in, hidden layers) and the threads per block each kernel gets with sm_90's
+# 227 KiB of shared memory: 12 warps where their staging tiles fit beside the weights, else 8.
+WIDTH_128_BLOCKS = {
+    (128, 4): {"forward": 384, "backward": 384},
+    (16, 5): {"forward": 256, "backward": 384},  # the forward's biases leave room for 8
+}
+
+
+def _width_128_mlp(n_in, layers, device):
+    torch.manual_seed(0)
+    mlp = FullyFusedMLP(n_in, 128, 128, layers).to(device, torch.bfloat16)
+    x = torch.randn(5000, n_in, device=device, dtype=torch.bfloat16, requires_grad=True)
+    return mlp, x
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize(
-    "n_in, layers, blocks",
-    [
-        (128, 4, {"forward": 384, "backward": 384}),  # 12 warps fit beside the weights
-        (16, 5, {"forward": 256, "backward": 384}),  # the forward's biases leave room for 8
-    ],
-)
-def test_cuda_width_128_takes_the_warps_that_fit(n_in, layers, blocks, cuda_device, tmp_path):
-    # Width 128 runs 12 warps per block where their staging tiles fit the shared memory a block
-    # may opt into, else 8; the expected sizes are for sm_90's 227 KiB.
+@pytest.mark.parametrize("n_in, layers", list(WIDTH_128_BLOCKS))
+def test_cuda_width_128_networks(n_in, layers, cuda_device):
+    check(*_width_128_mlp(n_in, layers, cuda_device))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n_in, layers", list(WIDTH_128_BLOCKS))
+def test_cuda_width_128_takes_the_warps_that_fit(n_in, layers, cuda_device, tmp_path):
     if torch.cuda.get_device_properties(cuda_device).shared_memory_per_block_optin != 227 * 1024:
         pytest.skip("the expected block sizes are for 227 KiB of shared memory per block")
-    torch.manual_seed(0)
-    mlp = FullyFusedMLP(n_in, 128, 128, layers).to(cuda_device, torch.bfloat16)
-    x = torch.randn(5000, n_in, device=cuda_device, dtype=torch.bfloat16, requires_grad=True)
-    assert _block_sizes(lambda: mlp(x).sum().backward(), tmp_path) == blocks
-    check(mlp, x)
+    mlp, x = _width_128_mlp(n_in, layers, cuda_device)
+    blocks = _block_sizes(lambda: mlp(x).sum().backward(), tmp_path)
+    assert blocks == WIDTH_128_BLOCKS[(n_in, layers)]
 
 
 def one_past_16_bytes(t: torch.Tensor) -> torch.Tensor:
