@@ -29,7 +29,7 @@ def _case(spec, pass_, dtype, rows, n, provider):
 CASES = [
     _case(spec, pass_, dtype, *shape, provider)
     for spec, pass_, dtype, shape in bench.cells(bench.SPECS)
-    for provider in bench.providers(spec, DEVICE)
+    for provider in bench.providers(spec, pass_, DEVICE)
 ]
 
 

@@ -60,4 +60,15 @@ int opt_in_smem(Kernel kernel, int max_smem_optin) {
   });
 }
 
+// Registers per thread of `kernel` as compiled for the current device (0 when the query failed).
+template <typename Kernel>
+int registers_per_thread(Kernel kernel) {
+  return query_once(reinterpret_cast<const void*>(kernel), -2, 0, [&](int) {
+    cudaFuncAttributes attr{};
+    const int regs = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess ? attr.numRegs : 0;
+    cudaGetLastError();  // a failed query leaves no error behind
+    return regs;
+  });
+}
+
 }  // namespace fusedops

@@ -61,6 +61,7 @@ constexpr int kShortRowWaves = 3;
 constexpr int kSliceBytes = 64 << 10;
 constexpr int kGroupBytes = 32 << 10;
 constexpr int kMinThreads = 128;
+constexpr int kRegsPerSm = 64 << 10;  // every sm_90+ GPU
 constexpr int kMinBlocksPerSm = 4;
 
 // Where a thread's part of a row is. A thread past the last row has packs == 0: its passes
@@ -229,8 +230,10 @@ __global__ void __launch_bounds__(kMaxThreads, Policy::kMinBlocksPerSm)
 // rms_norm 55), 8 slices of 128 KB ran 75 / 47 / - with a cluster barrier per exchange, 92 / 68
 // / 75 with the mailbox exchange, and 16 slices of 64 KB (three blocks per SM where 128 KB
 // slices leave one) 97 / 80 / 87.
-template <typename Policy>
-Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& dev, int params) {
+// regs(): the kernel's registers per thread (0: unknown), asked only for a cluster.
+template <typename Policy, typename Regs>
+Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& dev, int params,
+          Regs&& regs) {
   const Plan none{0, 0, 0, 0, 0, 0};
   const int64_t row_bytes = cols * int64_t(sizeof(typename Policy::T));
   if (dev.cc_major < 9 || row_bytes < Policy::kMinRowBytes) return none;
@@ -283,12 +286,27 @@ Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& 
     per_team *= 2;
   }
   while (teams * per_team < kMinThreads) per_team *= 2;
+  const int smem = static_cast<int>(teams * slice_bytes + param_bytes / ranks);
+  // A cluster's blocks wait for their peers at each exchange: there, registers must not hold
+  // fewer blocks on an SM than shared memory does. Halving the threads (each owning twice the
+  // packs) lets them in. 16-bit layer_norm (62 registers: two 512-thread blocks per SM where
+  // shared memory holds three 64 KB slices), kernel-only % of copy, bf16 / fp16: H100 1024x131072
+  // 85.9 / 87.9 -> 89.7 / 91.1, 512x262144 78.9 / 82.0 -> 86.3 / 87.2; H200 63.5 / 68.9 -> 73.5 /
+  // 74.8 and 60.7 / 64.8 -> 70.3 / 70.6. Rows one block holds lost with the same rule (H200,
+  // 4096x32768 78.5 / 82.2 -> 76.2 / 79.1): without exchanges, 512 threads' loads in flight beat
+  // a third block.
+  if (const int r = ranks > 1 ? regs() : 0; r > 0) {
+    const int warp_regs = (r * 32 + 255) / 256 * 256;  // allocated per warp, 256 at a time
+    auto by_regs = [&](int threads) { return kRegsPerSm / (threads / 32 * warp_regs); };
+    const int by_smem = dev.smem_per_sm / (smem + kStaticSmem);
+    while (per_team > kMinThreads && by_regs(per_team) < by_smem) per_team /= 2;
+  }
   return {teams * per_team,
           ranks,
           teams,
           static_cast<int>(cols / ranks / vec),
           param_bytes > 0 ? params : 0,
-          static_cast<int>(teams * slice_bytes + param_bytes / ranks)};
+          smem};
 }
 
 // Whether `ranks`-block clusters of this kernel with `smem` bytes of dynamic shared memory each
@@ -325,10 +343,11 @@ bool try_launch(const typename Policy::Args& a, int64_t rows, int64_t cols, cons
   constexpr auto kernel = staged_rows_kernel<Policy, VEC>;
   int params = 0;  // non-null ones
   for (int j = 0; j < Policy::kParams; ++j) params += Policy::param(a, j) != nullptr;
-  Plan p = plan<Policy>(rows, cols, VEC, sm90::kMaxRanks, dev, params);
+  auto regs = [] { return registers_per_thread(kernel); };
+  Plan p = plan<Policy>(rows, cols, VEC, sm90::kMaxRanks, dev, params, regs);
   if (p.ranks == 0 ||
       (p.ranks > kPortableRanks && !can_run<kernel>(p.smem, p.ranks, p.threads, dev))) {
-    p = plan<Policy>(rows, cols, VEC, kPortableRanks, dev, params);
+    p = plan<Policy>(rows, cols, VEC, kPortableRanks, dev, params, regs);
   }
   if (p.ranks == 0 || !can_run<kernel>(p.smem, p.ranks, p.threads, dev)) return false;
   const int64_t blocks = (rows + p.teams - 1) / p.teams * p.ranks;

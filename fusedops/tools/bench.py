@@ -25,7 +25,11 @@ calls, one synchronize per batch, the two providers' batches in turn, median ove
 is what a model's many small calls pay; the GB/s tables are what large ones do.
 
 Providers: fusedops, torch eager, torch.compile and, on CUDA where `liger_kernel` imports,
-Liger-Kernel's Triton kernels (layer_norm and rms_norm; ops it lacks get no liger entries).
+Liger-Kernel's Triton kernels (layer_norm and rms_norm; ops it lacks get no liger entries),
+and for CUDA forwards "copy": a device-to-device copy of the input, the bytes a forward moves,
+timed the same way: what the memory system gives a kernel of that size (replayed from a CUDA
+graph, copies of 512 MB and more ran at ~80% of the 2 GiB copy on an H100: read their
+host-timed cell there).
 The fused MLP is GEMM-bound, so % of copy says nothing about it: python -m fusedops.bench_mlp.
 
 To add an op, register one Spec below. `run()` returns the results as data.
@@ -65,7 +69,7 @@ except Exception as e:  # not installed, or triton failing to load: simply no li
 SHAPES = ((4096, 1024), (16384, 4096), (8192, 8192), (4096, 32768), (1024, 131072), (512, 262144))
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 DEFAULT_DTYPES = ("bf16", "fp32")
-PROVIDERS = ("fusedops", "eager", "compile", "liger")  # column order; see providers()
+PROVIDERS = ("fusedops", "eager", "compile", "liger", "copy")  # column order; see providers()
 COPY_BYTES = 2 << 30  # the roof: one 2 GiB device-to-device copy
 DEFAULT_OUT = "fusedops-bench"  # untracked (.gitignore); committed results need --out
 HOST_SHAPE = (8, 256)  # tiny: the host decides the time
@@ -262,14 +266,17 @@ def cells(ops=DEFAULT_OPS, dtypes=DEFAULT_DTYPES, shapes=None):
     ]
 
 
-def providers(spec: Spec, device: torch.device, with_compile: bool = True) -> list[str]:
-    """The providers timed for spec on device, in PROVIDERS order: fusedops and eager always,
-    compile unless turned off, liger on CUDA where Liger-Kernel imports and has the op."""
+def providers(spec: Spec, pass_: str, device: torch.device, with_compile: bool = True) -> list[str]:
+    """The providers timed for spec's pass on device, in PROVIDERS order: fusedops and eager
+    always, compile unless turned off, liger on CUDA where Liger-Kernel imports and has the op,
+    copy for CUDA forwards."""
+    cuda = device.type == "cuda"
     offered = {
         "fusedops": True,
         "eager": True,
         "compile": with_compile,
-        "liger": spec.liger is not None and device.type == "cuda" and LIGER_MISSING is None,
+        "liger": spec.liger is not None and cuda and LIGER_MISSING is None,
+        "copy": cuda and pass_ == "fwd",
     }
     return [p for p in PROVIDERS if offered[p]]
 
@@ -327,6 +334,11 @@ def _grad(y, xs, dy):
     return torch.autograd.grad(y, xs, dy, retain_graph=True)
 
 
+def _copy(x, *params):
+    """The "copy" provider: the input copied, the x-read and y-write a forward makes."""
+    return x.clone()
+
+
 def min_bytes(spec: Spec, pass_: str, rows: int, n: int, dtype: torch.dtype) -> int:
     return (spec.fwd_bytes if pass_ == "fwd" else spec.bwd_bytes)(rows, n, dtype.itemsize)
 
@@ -341,7 +353,9 @@ def prepare(spec: Spec, pass_: str, provider: str, rows: int, n: int, dtype, dev
         torch._dynamo.reset()
         fn = torch.compile(spec.eager, dynamic=False, fullgraph=True)
     else:
-        fn = {"fusedops": spec.fused, "eager": spec.eager, "liger": spec.liger}[provider]
+        fn = {"fusedops": spec.fused, "eager": spec.eager, "liger": spec.liger, "copy": _copy}[
+            provider
+        ]
     sets = [spec.inputs(rows, n, dtype, device) for _ in range(k)]
     if pass_ == "fwd":
         return Timed(fn, sets, grad=False, nbytes=nbytes)
@@ -627,7 +641,7 @@ def _predicted_seconds(spec: Spec, pass_: str, dt: str, shape, device, copy, qui
     if device.type == "cuda" and pass_ == "fwd":
         calls += reps * 200  # measure_device
     warm = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
-    return len(providers(spec, device)) * (calls * call + sets * nbytes / randn_rate + warm)
+    return len(providers(spec, pass_, device)) * (calls * call + sets * nbytes / randn_rate + warm)
 
 
 def _duration(seconds: float) -> str:
@@ -683,7 +697,7 @@ def run(
         graphed = device.type == "cuda" and pass_ == "fwd"
         if graphed:
             cell.update(device_us={}, device_pct_copy={})
-        us_rounds = {p: [] for p in providers(spec, device, with_compile)}
+        us_rounds = {p: [] for p in providers(spec, pass_, device, with_compile)}
         dev_rounds = {p: [] for p in us_rounds}
         kept = {}  # with several rounds, each provider's inputs, prepared once
         for _ in range(rounds):
