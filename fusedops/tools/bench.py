@@ -28,7 +28,7 @@ Providers: fusedops, torch eager, torch.compile and, on CUDA where `liger_kernel
 Liger-Kernel's Triton kernels (layer_norm and rms_norm; ops it lacks get no liger entries),
 and for CUDA forwards "copy": a device-to-device copy of the input, the bytes a forward moves,
 timed the same way: what the memory system gives a kernel of that size (replayed from a CUDA
-graph, copies of 512 MB and more ran at ~80% of the 2 GiB copy on an H100: read their
+graph, copies of 512 MB ran at ~80% of the 2 GiB copy on an H100: read their
 host-timed cell there).
 The fused MLP is GEMM-bound, so % of copy says nothing about it: python -m fusedops.bench_mlp.
 
