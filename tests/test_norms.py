@@ -507,6 +507,16 @@ def test_cuda_staged_backward_runs_staged(dtype, cols, rows, op):
 
 
 @cuda_only
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_long_rows_walked_by_clusters(op):
+    """fp32 rows of 262144, too long for the staged backward (sm_90+: register-tier clusters of
+    16 blocks, 32 elements per thread): 40 rows make each cluster walk several (kernel_tiers
+    gives each cluster one row at most)."""
+    x = torch.randn(40, 262144, device="cuda")
+    _check(op, x, [262144], *_params(op, "same", 262144, torch.float32, "cuda"), 1e-5)
+
+
+@cuda_only
 @pytest.mark.parametrize(
     "dtype,cols",
     [(torch.bfloat16, 40000), (torch.float32, 8192), (torch.bfloat16, 262144)],
