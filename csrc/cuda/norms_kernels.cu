@@ -400,6 +400,12 @@ struct NormFwdStaged {
   using Param = W;
   static constexpr int kParams = 2;
   __host__ __device__ static const W* param(const Args& a, int j) { return j == 0 ? a.w : a.b; }
+  // Params staged beside a cluster's row slices (row_stage::plan): rms_norm's only. layer_norm's
+  // weight or bias alone fit that plan too (16 slices of 32 KB where 8 of 64 hold the row) and
+  // ran slower with it than read from global memory: H100, % of copy, staged -> global, bf16 /
+  // fp16 512x262144 79 / 81 -> 90 / 92, 1024x131072 89-90 / 89-91 -> 93 / 94.5, fp32 1024x131072
+  // 92-93 -> 98 (with both params: 87 / 88.5 / 94 in the same runs).
+  static constexpr bool kParamsInClusters = kRms;
 
   // Packs whose w and b a thread loads from global memory before storing any of them
   // (PackParams). H100, kernel-only % of copy: bf16 layer_norm 4096x32768 90.5 -> 92.7 (two) ->

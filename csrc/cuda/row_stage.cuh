@@ -83,6 +83,7 @@ struct Defaults {
   static constexpr int kMinRowBytes = 2 << 10;
   using Param = T;
   static constexpr int kParams = 0;
+  static constexpr bool kParamsInClusters = false;  // params staged beside cluster slices (plan())
   template <typename Args>
   __host__ __device__ static const Param* param(const Args&, int) {
     return nullptr;
@@ -246,20 +247,20 @@ Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& 
   while (staged_bytes / ranks > kSliceBytes && ranks < max_ranks) ranks *= 2;
   if (staged_bytes / ranks > dev.max_smem_optin - kStaticSmem || cols % (int64_t(ranks) * vec) != 0)
     return none;
-  // Rows split over a cluster stage their params too where a block's slices, params included,
-  // still fit kSliceBytes with at least half of it for the rows: the params' loads, issued
-  // last, stalled the writes (Nsight Compute, H200, bf16 layer_norm, 262144 columns), but
-  // smaller row slices put fewer DRAM bytes in flight. Measured on an H100, % of copy: rms_norm
-  // bf16 1024x131072 91.8 -> 95.2 and 512x262144 89.3 -> 92.8 (32 KB of weight beside 32 KB of
-  // row); layer_norm, whose weight and bias would make 64 KB beside 32 KB of row, lost with
-  // them staged (same build, global -> staged): fp32 1024x131072 85.9 -> 61.8, bf16 512x262144
-  // 76.4 -> 59.5.
+  // Rows split over a cluster stage their params too, where the Policy asks (kParamsInClusters)
+  // and a block's slices, params included, still fit kSliceBytes with at least half of it for
+  // the rows: the params' loads, issued last, stalled the writes (Nsight Compute, H200, bf16
+  // layer_norm, 262144 columns), but smaller row slices put fewer DRAM bytes in flight. Measured
+  // on an H100, % of copy: rms_norm bf16 1024x131072 91.8 -> 95.2 and 512x262144 89.3 -> 92.8
+  // (32 KB of weight beside 32 KB of row); layer_norm, whose weight and bias would make 64 KB
+  // beside 32 KB of row, lost with them staged (same build, global -> staged): fp32 1024x131072
+  // 85.9 -> 61.8, bf16 512x262144 76.4 -> 59.5.
   const int64_t all_param_bytes = cols * int64_t(sizeof(typename Policy::Param)) * params;
   int64_t param_bytes = 0;  // staged beside the rows
   int param_ranks = ranks;
   while ((staged_bytes + all_param_bytes) / param_ranks > kSliceBytes && param_ranks < max_ranks)
     param_ranks *= 2;
-  if (ranks > 1 && all_param_bytes > 0 &&
+  if (Policy::kParamsInClusters && ranks > 1 && all_param_bytes > 0 &&
       (staged_bytes + all_param_bytes) / param_ranks <= kSliceBytes &&
       staged_bytes / param_ranks >= kSliceBytes / 2 && cols % (int64_t(param_ranks) * vec) == 0) {
     ranks = param_ranks;
