@@ -186,6 +186,38 @@ def test_non_contiguous(device, log, dtype, case, dim):
     check_fwd_bwd(x, dim, log, grad=g)
 
 
+def _aten_ops_run(f) -> set[str]:
+    """The aten softmax ops a call of f ran (torch.profiler, CPU-side op events)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        f()
+    return {e.name for e in prof.events() if "softmax" in e.name and e.name.startswith("aten::")}
+
+
+@pytest.mark.parametrize("log", OPS)
+def test_strided_dim_runs_torch_kernel(device, log):
+    """Over a dim with elements after it in memory (the channels of a contiguous [N, C, H, W]),
+    torch's own kernel runs, reading that layout in place, where the rows kernels would need a
+    copy in and another out: the same bits as torch, forward and backward. A dim that is already
+    last in memory (dim 0 of a transposed tensor, dim 1 of a channels_last one) keeps the rows
+    kernels."""
+    x = make_input((2, 5, 6, 7), torch.float32, device).requires_grad_()
+    g = make_input((2, 5, 6, 7), torch.float32, device, scale=1.0)
+    y = fused_fn(log)(x, 1)
+    yt = torch_fn(log)(x.detach(), 1)
+    assert torch.equal(y, yt)
+    aten = _aten_ops_run(lambda: y.backward(g))
+    assert aten == {f"aten::_{'log_' if log else ''}softmax_backward_data"}, aten
+    assert torch.equal(x.grad, torch_backward(g, yt, 1, log))
+    assert _aten_ops_run(lambda: fused_fn(log)(x.detach(), 1)) == {
+        f"aten::_{'log_' if log else ''}softmax"
+    }
+    for t, dim in (
+        (make_input((9, 33), torch.float32, device).t(), 0),
+        (make_input((2, 5, 6, 7), torch.float32, device).to(memory_format=torch.channels_last), 1),
+    ):
+        assert _aten_ops_run(lambda t=t, dim=dim: fused_fn(log)(t, dim)) == set()
+
+
 EMPTY_CASES = [
     ((0, 5), -1),
     ((0, 5), 0),
