@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -21,20 +22,26 @@ namespace fusedops {
 namespace {
 
 using cpu::acc_t;
+using cpu::for_each_step;
 using cpu::for_each_vec;
 using cpu::for_rows;
 using cpu::ld;
+using cpu::ld_step;
 using cpu::Max;
 using cpu::out_row;
 using cpu::st;
+using cpu::st_step;
 using cpu::Sum;
 
 // Three passes over a row (in cache after the first): max; exp(x - max) and its sum; the
 // result. softmax keeps exp(x - max) between the last two in fp32 (fp64 for double): in y, or in
-// a per-thread buffer for fp16/bf16 (narrowing it there would round twice).
+// a per-thread buffer for fp16/bf16 (narrowing it there would round twice). The exp pass takes
+// a row's tail as one partial vector step where it is long enough (cpu::for_each_step; lanes
+// past the row load -inf, 0 after exp); the other passes' scalar tail steps cost less.
 template <typename T>
 void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
   using A = acc_t<T>;
+  constexpr A kNegInf = -std::numeric_limits<A>::infinity();
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
     std::vector<A> buf(std::is_same_v<T, A> || log ? 0 : cols);
     for (int64_t r = begin; r < end; ++r) {
@@ -48,9 +55,9 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
       auto row = [&](const auto& exp_fn) {
         Sum<A> sum;
         if (log) {
-          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
-            using V = decltype(t);
-            sum.add(exp_fn(ld<V>(xr + i) - V(max)));
+          for_each_step<A>(cols, [&](int64_t i, auto step) {
+            const auto v = ld_step(xr + i, step, kNegInf);
+            sum.add(exp_fn(v - decltype(v)(max)));
           });
           // (x - max) - log(sum): max + log(sum) loses digits.
           const A log_sum = std::log(sum.total());
@@ -60,11 +67,11 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
           });
         } else {
           A* e = out_row(yr, buf);
-          for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
-            using V = decltype(t);
-            const V v = exp_fn(ld<V>(xr + i) - V(max));
-            st(e + i, v);
-            sum.add(v);
+          for_each_step<A>(cols, [&](int64_t i, auto step) {
+            const auto v = ld_step(xr + i, step, kNegInf);
+            const auto ev = exp_fn(v - decltype(v)(max));
+            st_step(e + i, ev, step);
+            sum.add(ev);
           });
           const A inv = A(1) / sum.total();
           for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
@@ -85,7 +92,8 @@ void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
 // softmax:     dx = y * (dy - sum(dy * y))
 // log_softmax: dx = dy - exp(y) * sum(dy)
 // Two passes over each row, both reading dy and y from the tensors (the second from cache) and
-// widening fp16/bf16 as loaded: fp32 copies of long rows would not stay in cache.
+// widening fp16/bf16 as loaded: fp32 copies of long rows would not stay in cache. log_softmax's
+// second pass, with its exp, steps as the forward's exp pass (0 past the row).
 template <typename T>
 void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols, bool log) {
   using A = acc_t<T>;
@@ -98,9 +106,9 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
       if (log) {
         for_each_vec<A>(0, cols, [&](int64_t i, auto t) { s.add(ld<decltype(t)>(dyr + i)); });
         const A sum = s.total();
-        for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
-          using V = decltype(t);
-          st(dxr + i, ld<V>(dyr + i) - cpu::exp(ld<V>(yr + i)) * V(sum));
+        for_each_step<A>(cols, [&](int64_t i, auto step) {
+          const auto d = ld_step(dyr + i, step, A(0));
+          st_step(dxr + i, d - cpu::exp(ld_step(yr + i, step, A(0))) * decltype(d)(sum), step);
         });
       } else {
         for_each_vec<A>(0, cols, [&](int64_t i, auto t) {
