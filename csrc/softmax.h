@@ -41,13 +41,19 @@ inline SoftmaxProblem check_softmax_bwd(const at::Tensor& grad_output, const at:
 
 // The rows kernels read rows with `dim` last and contiguous. Where t's layout has them some other
 // way (a contiguous tensor and a dim other than the last, as softmax over the channels of
-// [N, C, H, W]), moving the dim last takes a copy in and another out, and torch's own kernel,
-// which reads the strided layout in place, runs instead: the rows path ran 2-7x slower than it
-// there (CPU, 2 threads, fp32 [16, 21, 128, 128] over dim 1: 26.4 against 3.7 ms; [64, 12, 197,
-// 197] over dim 2: 170 against 51). Layouts where the dim is already last in memory (a
+// [N, C, H, W]), moving the dim last takes a copy in and another out; torch's own kernel reads
+// the strided layout in place. It runs instead on the CPU, and on a GPU for many short
+// softmaxes, where its kernel wins; few long ones keep the rows path, where torch's is slow.
+// Measured, fp32, rows path / torch: CPU (2 threads) [16, 21, 128, 128] over dim 1 26.4 / 3.7
+// ms, [64, 12, 197, 197] over dim 2 170 / 51, [4096, 1024] over dim 0 12.4 / 6.3; H100 0.113 /
+// 0.054, 0.565 / 0.324, and 0.087 / 2.85. Layouts where the dim is already last in memory (a
 // transposed tensor over dim 0, channels_last over dim 1) keep the rows kernels.
+constexpr int64_t kTorchGpuMaxCols = 1024, kTorchGpuMinRows = 16384;
 inline bool softmax_runs_torch(const at::Tensor& t, int64_t dim) {
-  return t.dim() > 1 && dim != t.dim() - 1 && !t.movedim(dim, -1).is_contiguous();
+  if (t.dim() <= 1 || dim == t.dim() - 1 || t.movedim(dim, -1).is_contiguous()) return false;
+  if (t.device().is_cpu()) return true;
+  const int64_t cols = t.size(dim);
+  return cols > 0 && cols <= kTorchGpuMaxCols && t.numel() / cols >= kTorchGpuMinRows;
 }
 
 inline at::Tensor torch_softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {

@@ -195,22 +195,25 @@ def _aten_ops_run(f) -> set[str]:
 
 @pytest.mark.parametrize("log", OPS)
 def test_strided_dim_runs_torch_kernel(device, log):
-    """Over a dim with elements after it in memory (the channels of a contiguous [N, C, H, W]),
-    torch's own kernel runs, reading that layout in place, where the rows kernels would need a
-    copy in and another out: the same bits as torch, forward and backward. A dim that is already
-    last in memory (dim 0 of a transposed tensor, dim 1 of a channels_last one) keeps the rows
-    kernels."""
-    x = make_input((2, 5, 6, 7), torch.float32, device).requires_grad_()
-    g = make_input((2, 5, 6, 7), torch.float32, device, scale=1.0)
+    """Over a dim with elements after it in memory, torch's own kernel runs, reading that layout
+    in place, where the rows kernels would need a copy in and another out: on the CPU always, on
+    a GPU for many short softmaxes (the channels of a contiguous [4, 5, 64, 64]) but not for few
+    long ones (dim 0 of [4096, 64]). The same bits as torch, forward and backward. A dim that is
+    already last in memory (dim 0 of a transposed tensor, dim 1 of a channels_last one) keeps the
+    rows kernels."""
+    aten_fwd = f"aten::_{'log_' if log else ''}softmax"
+    x = make_input((4, 5, 64, 64), torch.float32, device).requires_grad_()
+    g = make_input((4, 5, 64, 64), torch.float32, device, scale=1.0)
     y = fused_fn(log)(x, 1)
     yt = torch_fn(log)(x.detach(), 1)
     assert torch.equal(y, yt)
     aten = _aten_ops_run(lambda: y.backward(g))
-    assert aten == {f"aten::_{'log_' if log else ''}softmax_backward_data"}, aten
+    assert aten == {f"{aten_fwd}_backward_data"}, aten
     assert torch.equal(x.grad, torch_backward(g, yt, 1, log))
-    assert _aten_ops_run(lambda: fused_fn(log)(x.detach(), 1)) == {
-        f"aten::_{'log_' if log else ''}softmax"
-    }
+    assert _aten_ops_run(lambda: fused_fn(log)(x.detach(), 1)) == {aten_fwd}
+    long_dim = make_input((4096, 64), torch.float32, device)
+    want = {aten_fwd} if device == "cpu" else set()
+    assert _aten_ops_run(lambda: fused_fn(log)(long_dim, 0)) == want
     for t, dim in (
         (make_input((9, 33), torch.float32, device).t(), 0),
         (make_input((2, 5, 6, 7), torch.float32, device).to(memory_format=torch.channels_last), 1),
