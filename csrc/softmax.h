@@ -1,5 +1,5 @@
 // Host-side logic shared by the CPU, CUDA and MPS softmax: checks, the rows x cols view, and
-// where torch's own kernel runs instead of the rows kernels.
+// how a strided dim is served.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -41,21 +41,38 @@ inline SoftmaxProblem check_softmax_bwd(const at::Tensor& grad_output, const at:
 
 // The rows kernels read rows with `dim` last and contiguous. Where t's layout has them some other
 // way (a contiguous tensor and a dim other than the last, as softmax over the channels of
-// [N, C, H, W]), moving the dim last takes a copy in and another out; torch's own kernel reads
-// the strided layout in place. It runs instead on the CPU, and on a GPU for many short
-// softmaxes, where its kernel wins; few long ones keep the rows path, where torch's is slow.
-// Measured, fp32, rows path / torch: CPU (2 threads) [16, 21, 128, 128] over dim 1 26.4 / 3.7
-// ms, [64, 12, 197, 197] over dim 2 170 / 51, [4096, 1024] over dim 0 12.4 / 6.3; H100 0.113 /
-// 0.054, 0.565 / 0.324, and 0.087 / 2.85. Layouts where the dim is already last in memory (a
-// transposed tensor over dim 0, channels_last over dim 1) keep the rows kernels.
-constexpr int64_t kTorchGpuMaxCols = 1024, kTorchGpuMinRows = 16384;
-inline bool softmax_runs_torch(const at::Tensor& t, int64_t dim) {
-  if (t.dim() <= 1 || dim == t.dim() - 1 || t.movedim(dim, -1).is_contiguous()) return false;
-  if (t.device().is_cpu()) return true;
-  const int64_t cols = t.size(dim);
-  return cols > 0 && cols <= kTorchGpuMaxCols && t.numel() / cols >= kTorchGpuMinRows;
+// [N, C, H, W]), moving the dim last takes a copy in and another out. Layouts where the dim is
+// already last in memory (a transposed tensor over dim 0, channels_last over dim 1) don't.
+inline bool softmax_dim_strided(const at::Tensor& t, int64_t dim) {
+  return t.dim() > 1 && dim != t.dim() - 1 && !t.movedim(dim, -1).is_contiguous();
 }
 
+// Many short softmaxes down a strided dim: at least kManyColumns of at most kShortCols elements.
+// There a GPU reads the dim in place faster than the rows path (a thread per softmax on CUDA,
+// torch's kernel on MPS); few long ones keep the rows path, which beats torch's kernel by far.
+// fp32, rows path / torch: H100 [16, 21, 128, 128] over dim 1 0.113 / 0.054 ms, [64, 12, 197,
+// 197] over dim 2 0.565 / 0.324, [4096, 1024] over dim 0 0.087 / 2.85.
+constexpr int64_t kShortCols = 1024, kManyColumns = 16384;
+inline bool many_short_softmaxes(const at::Tensor& t, int64_t dim) {
+  const int64_t cols = t.size(dim);
+  return cols > 0 && cols <= kShortCols && t.numel() / cols >= kManyColumns;
+}
+
+// [outer, cols, inner]: the sizes before, at and after `dim`.
+struct StridedSoftmax {
+  int64_t outer, cols, inner;
+};
+inline StridedSoftmax strided_softmax(const at::Tensor& t, int64_t dim) {
+  const int64_t cols = t.size(dim);
+  int64_t inner = 1;
+  for (int64_t d = dim + 1; d < t.dim(); ++d) inner *= t.size(d);
+  return {t.numel() / (cols * inner), cols, inner};
+}
+
+// torch's own kernel, which reads a strided dim in place: the CPU's answer to every strided dim
+// (2 threads, fp32, rows path -> torch: [16, 21, 128, 128] over dim 1 26.4 -> 3.6 ms, [64, 12,
+// 197, 197] over dim 2 170 -> 49, [4096, 1024] over dim 0 12.4 -> 5.4), and MPS's to many short
+// softmaxes (not measured there).
 inline at::Tensor torch_softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   return log ? at::_log_softmax(input, dim, /*half_to_float=*/false)
              : at::_softmax(input, dim, /*half_to_float=*/false);

@@ -127,7 +127,7 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
 
 at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   const auto p = check_softmax_fwd(input, dim, log);
-  if (softmax_runs_torch(input, p.dim)) return torch_softmax_fwd(input, p.dim, log);
+  if (softmax_dim_strided(input, p.dim)) return torch_softmax_fwd(input, p.dim, log);
   const at::Tensor x = to_rows(input, p.dim);
   at::Tensor y = cpu_empty_like(x);
   if (p.rows > 0) {
@@ -143,7 +143,7 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
 at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                        bool log) {
   const auto p = check_softmax_bwd(grad_output, output, dim, log);
-  if (softmax_runs_torch(output, p.dim)) return torch_softmax_bwd(grad_output, output, p.dim, log);
+  if (softmax_dim_strided(output, p.dim)) return torch_softmax_bwd(grad_output, output, p.dim, log);
   const at::Tensor dy = to_rows(grad_output, p.dim);
   const at::Tensor y = to_rows(output, p.dim);
   at::Tensor dx = cpu_empty_like(y);

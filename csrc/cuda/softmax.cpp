@@ -1,5 +1,5 @@
 // Host side of the CUDA softmax: checks, layout, dtype dispatch and the dispatcher registration.
-// The kernels live in softmax_fwd.cu / softmax_bwd.cu.
+// The kernels live in softmax_fwd.cu, softmax_bwd.cu and softmax_strided.cu.
 #include "softmax.h"
 
 #include <ATen/Dispatch.h>
@@ -16,13 +16,22 @@ namespace {
 
 at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   const SoftmaxProblem p = check_softmax_fwd(input, dim, log);
-  if (softmax_runs_torch(input, p.dim)) return torch_softmax_fwd(input, p.dim, log);
   const c10::cuda::CUDAGuard guard(input.device());
+  const DeviceInfo dev = current_device_info();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (softmax_dim_strided(input, p.dim) && many_short_softmaxes(input, p.dim)) {
+    const at::Tensor x = input.contiguous();
+    at::Tensor y = cuda_empty_like(x);
+    const StridedSoftmax c = strided_softmax(x, p.dim);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "softmax_fwd", [&] {
+      C10_CUDA_CHECK(softmax_fwd_strided_cuda(cuda_ptr<scalar_t>(x), cuda_mut_ptr<scalar_t>(y),
+                                              c.outer, c.cols, c.inner, log, dev, stream));
+    });
+    return y;
+  }
   const at::Tensor x = to_rows(input, p.dim);
   at::Tensor y = cuda_empty_like(x);
   if (p.rows == 0) return from_rows(y, p.dim, input);
-  const DeviceInfo dev = current_device_info();
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "softmax_fwd", [&] {
     C10_CUDA_CHECK(softmax_fwd_cuda(cuda_ptr<scalar_t>(x), cuda_mut_ptr<scalar_t>(y), p.rows,
                                     p.cols, log, dev, stream));
@@ -33,14 +42,24 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
 at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                        bool log) {
   const SoftmaxProblem p = check_softmax_bwd(grad_output, output, dim, log);
-  if (softmax_runs_torch(output, p.dim)) return torch_softmax_bwd(grad_output, output, p.dim, log);
   const c10::cuda::CUDAGuard guard(output.device());
+  const DeviceInfo dev = current_device_info();
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (softmax_dim_strided(output, p.dim) && many_short_softmaxes(output, p.dim)) {
+    const at::Tensor dy = grad_output.contiguous(), y = output.contiguous();
+    at::Tensor dx = cuda_empty_like(y);
+    const StridedSoftmax c = strided_softmax(y, p.dim);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "softmax_bwd", [&] {
+      C10_CUDA_CHECK(softmax_bwd_strided_cuda(cuda_ptr<scalar_t>(dy), cuda_ptr<scalar_t>(y),
+                                              cuda_mut_ptr<scalar_t>(dx), c.outer, c.cols, c.inner,
+                                              log, dev, stream));
+    });
+    return dx;
+  }
   const at::Tensor dy = to_rows(grad_output, p.dim);
   const at::Tensor y = to_rows(output, p.dim);
   at::Tensor dx = cuda_empty_like(y);
   if (p.rows == 0) return from_rows(dx, p.dim, output);
-  const DeviceInfo dev = current_device_info();
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "softmax_bwd", [&] {
     C10_CUDA_CHECK(softmax_bwd_cuda(cuda_ptr<scalar_t>(dy), cuda_ptr<scalar_t>(y),
                                     cuda_mut_ptr<scalar_t>(dx), p.rows, p.cols, log, dev, stream));
