@@ -23,11 +23,14 @@ struct Columns {
   __host__ __device__ int64_t count(int vec) const { return outer * (inner / vec); }
 };
 
-// The first element of column `idx` (VEC-wide): outer index, then pack along inner.
-template <int VEC>
-__device__ __forceinline__ int64_t column_offset(const Columns& c, int64_t idx) {
-  const int64_t packs = c.inner / VEC;
-  return idx / packs * c.cols * c.inner + idx % packs * VEC;
+// f(base) for each column (VEC-wide) this thread owns, grid-stride; base: its first element.
+template <int VEC, typename F>
+__device__ __forceinline__ void for_each_column(const Columns& c, F&& f) {
+  const int64_t packs = c.inner / VEC, n = c.count(VEC);
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    f(idx / packs * c.cols * c.inner + idx % packs * VEC);
+  }
 }
 
 template <typename T, int VEC>
@@ -35,10 +38,7 @@ __global__ void __launch_bounds__(kStridedThreads)
     softmax_fwd_strided_kernel(const T* __restrict__ x, T* __restrict__ y, Columns c, bool log) {
   sm90::grid_dependency_wait();
   using A = acc_t<T>;
-  const int64_t n = c.count(VEC);
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t base = column_offset<VEC>(c, idx);
+  for_each_column<VEC>(c, [&](int64_t base) {
     A m[VEC], s[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) m[k] = -INFINITY, s[k] = A(0);
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kStridedThreads)
       }
       store_pack<T, VEC>(y + base + j * c.inner, out);
     }
-  }
+  });
 }
 
 template <typename T, int VEC>
@@ -77,10 +77,7 @@ __global__ void __launch_bounds__(kStridedThreads)
                                T* __restrict__ dx, Columns c, bool log) {
   sm90::grid_dependency_wait();
   using A = acc_t<T>;
-  const int64_t n = c.count(VEC);
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < n;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t base = column_offset<VEC>(c, idx);
+  for_each_column<VEC>(c, [&](int64_t base) {
     A s[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) s[k] = A(0);
@@ -103,7 +100,7 @@ __global__ void __launch_bounds__(kStridedThreads)
       }
       store_pack<T, VEC>(dx + base + j * c.inner, out);
     }
-  }
+  });
 }
 
 // 16-byte packs along inner where it and every pointer allow, else single elements.
