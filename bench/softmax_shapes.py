@@ -1,6 +1,7 @@
 """softmax and log_softmax beside torch's at shapes the kernel benchmark doesn't cover, on the
-default device (CUDA, else CPU): dims other than the last and their layouts (forward), and
-short rows (forward and backward). Median of 7 runs of 10 calls, ms, fusedops / torch.
+default device (CUDA, else CPU): dims other than the last and their layouts, and short rows,
+forward and backward (the backward ops alone, given torch's forward output). Median of 7 runs
+of 10 calls, ms, fusedops / torch.
 
     python bench/softmax_shapes.py [--device cpu|cuda]
 """
@@ -53,11 +54,23 @@ def main() -> None:
                 x = x.contiguous(memory_format=torch.channels_last)
             elif layout == "transposed":
                 x = x.t()
-            ours = median_ms(lambda x=x, dim=dim: fusedops.softmax(x, dim), device)
-            theirs = median_ms(lambda x=x, dim=dim: torch.softmax(x, dim), device)
+            y = torch.softmax(x, dim)
+            g = torch.randn_like(y)
+            fwd = (
+                median_ms(lambda x=x, dim=dim: fusedops.softmax(x, dim), device),
+                median_ms(lambda x=x, dim=dim: torch.softmax(x, dim), device),
+            )
+            bwd = (
+                median_ms(lambda g=g, y=y, d=dim: ops.fusedops.softmax_bwd(g, y, d, False), device),
+                median_ms(
+                    lambda g=g, y=y, d=dim: ops.aten._softmax_backward_data(g, y, d, y.dtype),
+                    device,
+                ),
+            )
             print(
                 f"{name:8} softmax {str(list(x.shape)):18} dim {dim:2} {layout:13} "
-                f"{ours:7.3f} / {theirs:7.3f} ({theirs / ours:.2f}x)"
+                f"fwd {fwd[0]:7.3f} / {fwd[1]:7.3f} ({fwd[1] / fwd[0]:.2f}x)  "
+                f"bwd {bwd[0]:7.3f} / {bwd[1]:7.3f} ({bwd[1] / bwd[0]:.2f}x)"
             )
         for rows, cols in ROW_CASES:
             x = torch.randn(rows, cols, device=device, dtype=dtype)
