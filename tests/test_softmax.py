@@ -241,6 +241,11 @@ def test_strided_dim(device, log, dtype, shape, dim):
 def test_nonfinite_strided_dim(device, log, dtype, n):
     """The non-finite rows of test_nonfinite_rows down a strided dim: [n, 9 * 2048] contiguous,
     softmax over dim 0, column j holding row j % 9."""
+    old_torch = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 5)
+    if old_torch and log and device == "cpu" and dtype != torch.float32:
+        # fusedops keeps its rows path there (csrc/cpu/softmax.cpp), but the test's torch baseline
+        # is torch's own kernel, which maps -inf inputs to NaN.
+        pytest.skip(f"torch {torch.__version__}'s CPU 16-bit log_softmax over a strided dim")
     x = _nonfinite_rows(n, dtype, device).t().contiguous().repeat(1, 2048)
     yf, _ = check_fwd_bwd(x, 0, log)
     yt = torch_fn(log)(x, 0)

@@ -9,6 +9,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <limits>
@@ -125,9 +126,18 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
   });
 }
 
+// A strided dim runs torch's own kernel (softmax.h), but for fp16/bf16 log_softmax on torch 2.4,
+// whose CPU kernel there maps -inf inputs to NaN (the floor build's tests; torch 2.14's doesn't).
+bool cpu_runs_torch(const at::Tensor& t, int64_t dim, bool log) {
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 5
+  if (log && at::isReducedFloatingType(t.scalar_type())) return false;
+#endif
+  return softmax_dim_strided(t, dim);
+}
+
 at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   const auto p = check_softmax_fwd(input, dim, log);
-  if (softmax_dim_strided(input, p.dim)) return torch_softmax_fwd(input, p.dim, log);
+  if (cpu_runs_torch(input, p.dim, log)) return torch_softmax_fwd(input, p.dim, log);
   const at::Tensor x = to_rows(input, p.dim);
   at::Tensor y = cpu_empty_like(x);
   if (p.rows > 0) {
@@ -143,7 +153,7 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
 at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                        bool log) {
   const auto p = check_softmax_bwd(grad_output, output, dim, log);
-  if (softmax_dim_strided(output, p.dim)) return torch_softmax_bwd(grad_output, output, p.dim, log);
+  if (cpu_runs_torch(output, p.dim, log)) return torch_softmax_bwd(grad_output, output, p.dim, log);
   const at::Tensor dy = to_rows(grad_output, p.dim);
   const at::Tensor y = to_rows(output, p.dim);
   at::Tensor dx = cpu_empty_like(y);
