@@ -17,6 +17,7 @@ import fusedops
 DIM_CASES = (  # shape, dim, layout
     ((16, 21, 128, 128), 1, "contiguous"),
     ((16, 21, 128, 128), 1, "channels_last"),
+    ((8, 150, 128, 128), 1, "channels_last"),
     ((64, 12, 197, 197), 2, "contiguous"),
     ((4096, 1024), 0, "contiguous"),
     ((1024, 4096), 0, "transposed"),

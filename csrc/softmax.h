@@ -47,6 +47,13 @@ inline bool softmax_dim_strided(const at::Tensor& t, int64_t dim) {
   return t.dim() > 1 && dim != t.dim() - 1 && !t.movedim(dim, -1).is_contiguous();
 }
 
+// A dim last in memory but not in the tensor (the channels of a channels_last [N, C, H, W], a
+// transposed [B, C, L]): the rows path reads its rows in place, but the result, contiguous as
+// torch returns it, takes a copy to put each row's elements `inner` apart.
+inline bool softmax_dim_transposed(const at::Tensor& t, int64_t dim) {
+  return t.dim() > 1 && dim != t.dim() - 1 && t.movedim(dim, -1).is_contiguous();
+}
+
 // Many short softmaxes down a strided dim: at least kManyColumns of at most kShortCols elements.
 // There a GPU reads the dim in place faster than the rows path (a thread per softmax on CUDA,
 // torch's kernel on MPS); few long ones keep the rows path, which beats torch's kernel by far.

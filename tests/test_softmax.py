@@ -186,11 +186,11 @@ def test_non_contiguous(device, log, dtype, case, dim):
     check_fwd_bwd(x, dim, log, grad=g)
 
 
-def _aten_ops_run(f) -> set[str]:
-    """The aten softmax ops a call of f ran (torch.profiler, CPU-side op events)."""
+def _aten_ops_run(f, part: str = "softmax") -> set[str]:
+    """The aten ops named with `part` a call of f ran (torch.profiler, CPU-side op events)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         f()
-    return {e.name for e in prof.events() if "softmax" in e.name and e.name.startswith("aten::")}
+    return {e.name for e in prof.events() if part in e.name and e.name.startswith("aten::")}
 
 
 @pytest.mark.parametrize("log", OPS)
@@ -235,18 +235,59 @@ def test_strided_dim(device, log, dtype, shape, dim):
     check_fwd_bwd(make_input(shape, dtype, device), dim, log)
 
 
+# Many short rows of a dim last in memory but not in the result, read in place (CUDA: a tile
+# kernel writing torch's layout, 16-byte loads where every tile allows, else single elements; odd
+# and even row lengths, partial tiles; the CPU: torch's kernel below 64 columns).
+TRANSPOSED_CASES = {
+    "channels_last": ((4, 5, 64, 64), lambda t: t.contiguous(memory_format=torch.channels_last)),
+    "bcl_33": ((2, 8192, 33), lambda t: t.transpose(1, 2)),
+    "bcl_7_partial_tile": ((4, 4097, 7), lambda t: t.transpose(1, 2)),
+    "bcl_64": ((2, 8192, 64), lambda t: t.transpose(1, 2)),
+    "bcl_200": ((1, 16384, 200), lambda t: t.transpose(1, 2)),
+}
+
+
+@pytest.mark.parametrize("case", list(TRANSPOSED_CASES))
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("log", OPS)
+def test_transposed_dim(device, log, dtype, case):
+    base_shape, view = TRANSPOSED_CASES[case]
+    check_fwd_bwd(view(make_input(base_shape, dtype, device)), 1, log)
+
+
+@pytest.mark.parametrize("log", OPS)
+def test_transposed_dim_one_pass(device, log):
+    """channels_last [4, 5, 64, 64] over dim 1 (16384 rows of 5, last in memory): on CUDA one
+    kernel reads the rows in place and writes the contiguous result, with no copy; on the CPU
+    torch's kernel runs (the same bits as torch)."""
+    x = make_input((4, 5, 64, 64), torch.float32, device)
+    x = x.contiguous(memory_format=torch.channels_last)
+    if device == "cuda":
+        assert _aten_ops_run(lambda: fused_fn(log)(x, 1), "copy") == set()
+        assert _aten_ops_run(lambda: fused_fn(log)(x, 1)) == set()
+    elif device == "cpu":
+        aten_fwd = f"aten::_{'log_' if log else ''}softmax"
+        assert _aten_ops_run(lambda: fused_fn(log)(x, 1)) == {aten_fwd}
+        assert torch.equal(fused_fn(log)(x, 1), torch_fn(log)(x, 1))
+
+
+@pytest.mark.parametrize("layout", ["strided", "transposed"])
 @pytest.mark.parametrize("n", [5, 40])
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @pytest.mark.parametrize("log", OPS)
-def test_nonfinite_strided_dim(device, log, dtype, n):
-    """The non-finite rows of test_nonfinite_rows down a strided dim: [n, 9 * 2048] contiguous,
-    softmax over dim 0, column j holding row j % 9."""
+def test_nonfinite_strided_dim(device, log, dtype, n, layout):
+    """The non-finite rows of test_nonfinite_rows down dim 0 of [n, 9 * 2048], column j holding
+    row j % 9: contiguous (a strided dim) or transposed (the dim last in memory only)."""
     old_torch = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 5)
     if old_torch and log and device == "cpu" and dtype != torch.float32:
         # fusedops keeps its rows path there (csrc/cpu/softmax.cpp), but the test's torch baseline
         # is torch's own kernel, which maps -inf inputs to NaN.
         pytest.skip(f"torch {torch.__version__}'s CPU 16-bit log_softmax over a strided dim")
-    x = _nonfinite_rows(n, dtype, device).t().contiguous().repeat(1, 2048)
+    rows = _nonfinite_rows(n, dtype, device)
+    if layout == "strided":
+        x = rows.t().contiguous().repeat(1, 2048)
+    else:
+        x = rows.repeat(2048, 1).t()
     yf, _ = check_fwd_bwd(x, 0, log)
     yt = torch_fn(log)(x, 0)
     assert torch.equal(yf.isnan(), yt.isnan()), "NaN pattern differs from torch's"

@@ -126,13 +126,21 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
   });
 }
 
-// A strided dim runs torch's own kernel (softmax.h), but for fp16/bf16 log_softmax on torch 2.4,
-// whose CPU kernel there maps -inf inputs to NaN (the floor build's tests; torch 2.14's doesn't).
+// A strided dim runs torch's own kernel (softmax.h), and so do many short rows whose results go
+// `inner` apart (a transposed dim, softmax.h): there torch's copy to the result's layout and its
+// kernel down the strided dim beat the rows path's short rows and the same copy (2 threads,
+// [16, C, 64, 64] channels_last over dim 1, rows path / torch, ms: C = 21 fp32 16.4 / 7.4, bf16
+// 12.3 / 5.4; C = 32 bf16 1.97 / 1.52; C = 64 bf16 3.5 / 4.4, fp32 14.2 / 15.5). Not fp16/bf16
+// log_softmax on torch 2.4, whose CPU kernel there maps -inf inputs to NaN (the floor build's
+// tests; torch 2.14's doesn't).
+constexpr int64_t kCpuTransposedRowsCols = 64;  // rows at least this long keep the rows path
 bool cpu_runs_torch(const at::Tensor& t, int64_t dim, bool log) {
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 5
   if (log && at::isReducedFloatingType(t.scalar_type())) return false;
 #endif
-  return softmax_dim_strided(t, dim);
+  return softmax_dim_strided(t, dim) ||
+         (softmax_dim_transposed(t, dim) && many_short_softmaxes(t, dim) &&
+          t.size(dim) < kCpuTransposedRowsCols);
 }
 
 at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {

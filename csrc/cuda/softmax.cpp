@@ -29,6 +29,19 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
     });
     return y;
   }
+  if (softmax_dim_transposed(input, p.dim) && many_short_softmaxes(input, p.dim)) {
+    const StridedSoftmax c = strided_softmax(input, p.dim);
+    if (transposed_tile_rows(c.cols, c.inner, static_cast<int>(input.element_size())) > 0) {
+      at::Tensor y = cuda_empty(input.sizes(), input.options());
+      AT_DISPATCH_FLOATING_TYPES_AND2(
+          at::kHalf, at::kBFloat16, input.scalar_type(), "softmax_fwd", [&] {
+            C10_CUDA_CHECK(softmax_fwd_transposed_cuda(cuda_ptr<scalar_t>(input),
+                                                       cuda_mut_ptr<scalar_t>(y), c.outer, c.cols,
+                                                       c.inner, log, dev, stream));
+          });
+      return y;
+    }
+  }
   const at::Tensor x = to_rows(input, p.dim);
   at::Tensor y = cuda_empty_like(x);
   if (p.rows == 0) return from_rows(y, p.dim, input);

@@ -31,6 +31,27 @@ template <typename T>
 cudaError_t softmax_fwd_strided_cuda(const T* x, T* y, int64_t outer, int64_t cols, int64_t inner,
                                      bool log, const DeviceInfo& dev, cudaStream_t stream);
 
+// Over a dim last in memory but not in the result: x is a contiguous [outer, inner, cols] (the
+// channels of a channels_last [N, C, H, W]), y a contiguous [outer, cols, inner], as torch
+// returns it. A block stages the rows of up to transposed_tile_rows() positions in shared memory
+// (a padded tile), a thread per row, and writes each element of its row `inner` apart: one read,
+// one write. 0: the rows are too long for a tile (or there are fewer than 32 positions per outer
+// index, which would leave a warp's threads idle); the caller's other paths run.
+inline int transposed_tile_rows(int64_t cols, int64_t inner, int elem_bytes) {
+  constexpr int64_t kTileBytes = 48 << 10;  // no opt-in needed
+  const int64_t pitch = cols | 1;           // odd: a thread per row, no bank conflicts
+  if (cols < 2 || cols > 256 || inner < 32) return 0;
+  for (int rows = 128; rows >= 32; rows /= 2) {
+    if (rows * pitch * elem_bytes <= kTileBytes) return rows;
+  }
+  return 0;
+}
+
+template <typename T>
+cudaError_t softmax_fwd_transposed_cuda(const T* x, T* y, int64_t outer, int64_t cols,
+                                        int64_t inner, bool log, const DeviceInfo& dev,
+                                        cudaStream_t stream);
+
 template <typename T>
 cudaError_t softmax_bwd_strided_cuda(const T* dy, const T* y, T* dx, int64_t outer, int64_t cols,
                                      int64_t inner, bool log, const DeviceInfo& dev,

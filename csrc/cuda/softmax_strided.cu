@@ -103,6 +103,58 @@ __global__ void __launch_bounds__(kStridedThreads)
   });
 }
 
+// A block per tile of up to blockDim.x positions (grid-stride over the tiles): the tile's rows,
+// contiguous in x, are staged in shared memory with a padded pitch (16-byte loads where VEC > 1),
+// then a thread per row makes the strided kernel's three passes over it there and writes the
+// result, each element `inner` apart: a warp's stores at each step are contiguous.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(128)
+    softmax_fwd_transposed_kernel(const T* __restrict__ x, T* __restrict__ y, Columns c, int pitch,
+                                  unsigned inv_cols, bool log) {
+  sm90::grid_dependency_wait();
+  using A = acc_t<T>;
+  extern __shared__ __align__(16) unsigned char staged[];
+  T* tile = reinterpret_cast<T*>(staged);
+  const int rows = blockDim.x, cols = static_cast<int>(c.cols);
+  const int64_t tiles_per_outer = (c.inner + rows - 1) / rows;
+  for (int64_t tile_idx = blockIdx.x; tile_idx < c.outer * tiles_per_outer; tile_idx += gridDim.x) {
+    const int64_t o = tile_idx / tiles_per_outer, i0 = tile_idx % tiles_per_outer * rows;
+    const int n = static_cast<int>(c.inner - i0 < rows ? c.inner - i0 : rows);
+    const T* src = x + (o * c.inner + i0) * c.cols;
+    // Element e of the tile is row e / cols (one multiply-high: e < 2^15, inv_cols =
+    // ceil(2^32 / cols)), column e % cols.
+    auto put = [&](int e, T v) {
+      const int r = static_cast<int>(__umulhi(unsigned(e), inv_cols));
+      tile[r * pitch + e - r * cols] = v;
+    };
+    __syncthreads();  // the previous tile's rows are read
+    const int count = n * cols, packs = count / VEC;
+#pragma unroll 4
+    for (int p = threadIdx.x; p < packs; p += rows) {
+      const Pack<T, VEC> v = load_pack<T, VEC>(src + p * VEC);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) put(p * VEC + k, v.v[k]);
+    }
+    for (int e = packs * VEC + threadIdx.x; e < count; e += rows) put(e, src[e]);
+    __syncthreads();
+    if (threadIdx.x >= n) continue;
+    const T* row = tile + threadIdx.x * pitch;
+    A m = -INFINITY, s = A(0);
+#pragma unroll 4
+    for (int j = 0; j < cols; ++j) m = acc_max(m, to_acc(row[j]));
+    const A ref = exp_ref(m);
+#pragma unroll 4
+    for (int j = 0; j < cols; ++j) s += acc_exp(to_acc(row[j]) - ref);
+    const A post = log ? acc_log(s) : A(1) / s;  // as the strided kernel: the same bits
+    T* out = y + o * c.cols * c.inner + i0 + threadIdx.x;
+#pragma unroll 4
+    for (int j = 0; j < cols; ++j) {
+      const A d = to_acc(row[j]) - m;
+      out[j * c.inner] = from_acc<T>(log ? d - post : acc_exp(d) * post);
+    }
+  }
+}
+
 // 16-byte packs along inner where it and every pointer allow, else single elements.
 template <typename T>
 bool strided_vec(int64_t inner, std::initializer_list<const void*> ptrs) {
@@ -136,6 +188,26 @@ cudaError_t softmax_fwd_strided_cuda(const T* x, T* y, int64_t outer, int64_t co
 }
 
 template <typename T>
+cudaError_t softmax_fwd_transposed_cuda(const T* x, T* y, int64_t outer, int64_t cols,
+                                        int64_t inner, bool log, const DeviceInfo& dev,
+                                        cudaStream_t stream) {
+  const Columns c{outer, cols, inner};
+  const int rows = transposed_tile_rows(cols, inner, sizeof(T));
+  const int pitch = static_cast<int>(cols | 1);
+  const unsigned inv_cols = static_cast<unsigned>(((uint64_t(1) << 32) + cols - 1) / cols);
+  const LaunchShape shape{
+      std::min<int64_t>(outer * ceil_div(inner, rows), int64_t(dev.sm_count) * (2048 / rows)), rows,
+      size_t(rows) * pitch * sizeof(T), 1};
+  // Whole 16-byte packs in every tile: x aligned, and every tile starts a multiple of VEC in.
+  if (strided_vec<T>(inner * cols, {x})) {
+    return launch(softmax_fwd_transposed_kernel<T, kVec16<T>>, shape, dev, stream, x, y, c, pitch,
+                  inv_cols, log);
+  }
+  return launch(softmax_fwd_transposed_kernel<T, 1>, shape, dev, stream, x, y, c, pitch, inv_cols,
+                log);
+}
+
+template <typename T>
 cudaError_t softmax_bwd_strided_cuda(const T* dy, const T* y, T* dx, int64_t outer, int64_t cols,
                                      int64_t inner, bool log, const DeviceInfo& dev,
                                      cudaStream_t stream) {
@@ -152,6 +224,8 @@ cudaError_t softmax_bwd_strided_cuda(const T* dy, const T* y, T* dx, int64_t out
 #define FUSEDOPS_INSTANTIATE_STRIDED(T)                                                           \
   template cudaError_t softmax_fwd_strided_cuda<T>(const T*, T*, int64_t, int64_t, int64_t, bool, \
                                                    const DeviceInfo&, cudaStream_t);              \
+  template cudaError_t softmax_fwd_transposed_cuda<T>(const T*, T*, int64_t, int64_t, int64_t,    \
+                                                      bool, const DeviceInfo&, cudaStream_t);     \
   template cudaError_t softmax_bwd_strided_cuda<T>(                                               \
       const T*, const T*, T*, int64_t, int64_t, int64_t, bool, const DeviceInfo&, cudaStream_t);
 FUSEDOPS_INSTANTIATE_STRIDED(float)
