@@ -235,6 +235,15 @@ def test_strided_dim(device, log, dtype, shape, dim):
     check_fwd_bwd(make_input(shape, dtype, device), dim, log)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("log", OPS)
+def test_strided_dim_long_columns(cuda_device, log):
+    """fp32 softmaxes of 1024 elements down a strided dim, the longest the CUDA strided kernel
+    takes: its sums down a column are split in parts (a serial fp32 sum of 1024 terms fails the
+    tolerance rule). Elsewhere torch's kernel runs there."""
+    check_fwd_bwd(make_input((1, 1024, 16384), torch.float32, cuda_device), 1, log)
+
+
 # Many short rows of a dim last in memory but not in the result, read in place (CUDA: a tile
 # kernel writing torch's layout, 16-byte loads where every tile allows, else single elements; odd
 # and even row lengths, partial tiles; the CPU: torch's kernel below 64 columns).
@@ -271,27 +280,42 @@ def test_transposed_dim_one_pass(device, log):
         assert torch.equal(fused_fn(log)(x, 1), torch_fn(log)(x, 1))
 
 
-@pytest.mark.parametrize("layout", ["strided", "transposed"])
+@pytest.mark.parametrize("layout", ["strided", "transposed", "many_rows"])
 @pytest.mark.parametrize("n", [5, 40])
 @pytest.mark.parametrize("dtype", LOW_DTYPES)
 @pytest.mark.parametrize("log", OPS)
-def test_nonfinite_strided_dim(device, log, dtype, n, layout):
-    """The non-finite rows of test_nonfinite_rows down dim 0 of [n, 9 * 2048], column j holding
-    row j % 9: contiguous (a strided dim) or transposed (the dim last in memory only)."""
+def test_nonfinite_many_short(device, log, dtype, n, layout):
+    """The non-finite rows of test_nonfinite_rows, repeated 2048 times, in the layouts a thread
+    per softmax serves on CUDA: down dim 0 of a contiguous [n, 9 * 2048] (a strided dim) or of a
+    transposed one (the dim last in memory only), or as 9 * 2048 rows of n (the last dim)."""
     old_torch = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 5)
-    if old_torch and log and device == "cpu" and dtype != torch.float32:
+    if old_torch and log and device == "cpu" and dtype != torch.float32 and layout != "many_rows":
         # fusedops keeps its rows path there (csrc/cpu/softmax.cpp), but the test's torch baseline
         # is torch's own kernel, which maps -inf inputs to NaN.
         pytest.skip(f"torch {torch.__version__}'s CPU 16-bit log_softmax over a strided dim")
     rows = _nonfinite_rows(n, dtype, device)
-    if layout == "strided":
-        x = rows.t().contiguous().repeat(1, 2048)
-    else:
-        x = rows.repeat(2048, 1).t()
-    yf, _ = check_fwd_bwd(x, 0, log)
-    yt = torch_fn(log)(x, 0)
+    x, dim = {
+        "strided": (rows.t().contiguous().repeat(1, 2048), 0),
+        "transposed": (rows.repeat(2048, 1).t(), 0),
+        "many_rows": (rows.repeat(2048, 1), 1),
+    }[layout]
+    yf, _ = check_fwd_bwd(x, dim, log)
+    yt = torch_fn(log)(x, dim)
     assert torch.equal(yf.isnan(), yt.isnan()), "NaN pattern differs from torch's"
     assert torch.equal(yf.isinf(), yt.isinf()), "infinities differ from torch's"
+
+
+# Many short rows of the last dim. CUDA: rows that are no multiple of 16 bytes take the tile
+# kernel (2, 21 with a partial last tile, 127: the longest it takes, in fewer rows per tile for
+# fp32); the others the register tiers (64, 200).
+MANY_ROWS_CASES = [(16384, 2), (16384 + 77, 21), (20000, 64), (16384, 127), (16384, 200)]
+
+
+@pytest.mark.parametrize("shape", MANY_ROWS_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("log", OPS)
+def test_many_short_rows(device, log, dtype, shape):
+    check_fwd_bwd(make_input(shape, dtype, device), -1, log)
 
 
 EMPTY_CASES = [

@@ -32,6 +32,9 @@ inline at::Tensor cuda_empty_like(const at::Tensor& t) {
   return at::detail::empty_strided_cuda(t.sizes(), t.strides(), t.options());
 }
 
+// Whether p can be read or written in 16-byte vectors (the kernels' vectorized paths).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // cuda_t<at::BFloat16> is __nv_bfloat16: same bits, the type kernel files use.
 template <typename T>
 struct CudaType {

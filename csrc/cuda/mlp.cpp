@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "bias_gelu.h"
+#include "common/cuda_host.h"
 
 namespace fusedops {
 namespace {
@@ -107,8 +108,6 @@ struct LtGemm {
   const void* bias = nullptr;
   const void* aux = nullptr;
 };
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Largest power of two (<= 256) dividing the address: what heuristics may assume about it.
 uint32_t alignment_of(const void* p) {

@@ -31,13 +31,13 @@ template <typename T>
 cudaError_t softmax_fwd_strided_cuda(const T* x, T* y, int64_t outer, int64_t cols, int64_t inner,
                                      bool log, const DeviceInfo& dev, cudaStream_t stream);
 
-// Over a dim last in memory but not in the result: x is a contiguous [outer, inner, cols] (the
-// channels of a channels_last [N, C, H, W]), y a contiguous [outer, cols, inner], as torch
-// returns it. A block stages the rows of up to transposed_tile_rows() positions in shared memory
-// (a padded tile), a thread per row, and writes each element of its row `inner` apart: one read,
-// one write. 0: the rows are too long for a tile (or there are fewer than 32 positions per outer
-// index, which would leave a warp's threads idle); the caller's other paths run.
-inline int transposed_tile_rows(int64_t cols, int64_t inner, int elem_bytes) {
+// Many short rows of x, a contiguous [outer, inner, cols], a thread per row (softmax_strided.cu):
+// a block stages the rows of up to softmax_tile_rows() positions in shared memory (a padded
+// tile), and writes y either as x's layout or, `transposed`, as a contiguous [outer, cols, inner]
+// (a dim last in memory but not in the result: the channels of a channels_last [N, C, H, W], as
+// torch returns it). Either way one read, one write. 0: the rows are too long for a tile (or
+// there are fewer than 32 per outer index, which would leave a warp's threads idle).
+inline int softmax_tile_rows(int64_t cols, int64_t inner, int elem_bytes) {
   constexpr int64_t kTileBytes = 48 << 10;  // no opt-in needed
   const int64_t pitch = cols | 1;           // odd: a thread per row, no bank conflicts
   if (cols < 2 || cols > 256 || inner < 32) return 0;
@@ -48,9 +48,9 @@ inline int transposed_tile_rows(int64_t cols, int64_t inner, int elem_bytes) {
 }
 
 template <typename T>
-cudaError_t softmax_fwd_transposed_cuda(const T* x, T* y, int64_t outer, int64_t cols,
-                                        int64_t inner, bool log, const DeviceInfo& dev,
-                                        cudaStream_t stream);
+cudaError_t softmax_fwd_tile_cuda(const T* x, T* y, int64_t outer, int64_t cols, int64_t inner,
+                                  bool transposed, bool log, const DeviceInfo& dev,
+                                  cudaStream_t stream);
 
 template <typename T>
 cudaError_t softmax_bwd_strided_cuda(const T* dy, const T* y, T* dx, int64_t outer, int64_t cols,
