@@ -76,6 +76,14 @@ struct MaxSumOp {
   }
 };
 
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  template <typename S>
+  __device__ static S identity() {
+    return -INFINITY;
+  }
+};
+
 // Reference point for exp(v - ref) inside one set: its max, or 0 when that is -inf so that
 // -inf values give 0 and NaN values give NaN rather than every value giving NaN.
 template <typename A>
@@ -95,6 +103,10 @@ template <typename T, bool kExpOnce = false>
 struct SoftmaxFwd {
   using Stat = MaxSum<float>;
   using Op = MaxSumOp;
+  // The warp tier reduces the row's max, then its sum of exp(x - max) (fetch_max, exp_sum),
+  // instead of merging (max, sum) pairs: a merge takes two exps per shuffle step, most of the
+  // exps of a row of a few elements per lane. kExpOnce keeps exps of its thread's own max.
+  static constexpr bool kTwoReductions = !kExpOnce;
   struct Args {
     const T* x;  // [rows, cols]
     T* y;        // [rows, cols]
@@ -109,21 +121,34 @@ struct SoftmaxFwd {
     float e[kExpOnce ? PACKS : 1][VEC];  // kExpOnce: exp(x - m)
     float m;                             // kExpOnce: this thread's max
 
+    // Loads the row and returns this thread's (max, sum of exp(x - max)), for Op's merge.
     __device__ __forceinline__ Stat load(const Args& a, int64_t offset, int g, int G, int npacks,
                                          bool valid) {
+      m = fetch_max(a, offset, g, G, npacks, valid);
+      return {m, exp_sum(m, g, G, npacks, valid)};
+    }
+
+    // Loads the row (all loads in flight before the first use); returns this thread's max.
+    __device__ __forceinline__ float fetch_max(const Args& a, int64_t offset, int g, int G,
+                                               int npacks, bool valid) {
 #pragma unroll
-      for (int j = 0; j < PACKS; ++j) {  // all loads in flight before the first use
+      for (int j = 0; j < PACKS; ++j) {
         const int p = j * G + g;
         if (valid && p < npacks) x[j] = load_pack<T, VEC>(a.x + offset + int64_t(p) * VEC);
       }
-      m = -INFINITY;
+      float mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
         if (!valid || j * G + g >= npacks) continue;
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) m = fmaxf(m, to_acc(x[j].v[k]));
+        for (int k = 0; k < VEC; ++k) mx = fmaxf(mx, to_acc(x[j].v[k]));
       }
-      const float ref = exp_ref(m);
+      return mx;
+    }
+
+    // This thread's sum of exp(x - max) (kExpOnce: each kept in e).
+    __device__ __forceinline__ float exp_sum(float max, int g, int G, int npacks, bool valid) {
+      const float ref = exp_ref(max);
       float s = 0.f;
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
@@ -135,7 +160,7 @@ struct SoftmaxFwd {
           s += ek;
         }
       }
-      return {m, s};
+      return s;
     }
 
     __device__ __forceinline__ void store(const Args& a, int64_t offset, int g, int G, int npacks,
@@ -144,7 +169,8 @@ struct SoftmaxFwd {
       // NaN): 0 / S makes its y 0, or NaN where torch's is (S is NaN for a row with NaN, 0 for
       // a row of all -inf).
       const float log_sum = logf(row.s), inv = 1.f / row.s;
-      const float scale = m != -INFINITY ? acc_exp(m - row.m) * inv : 0.f / row.s;
+      [[maybe_unused]] const float scale =
+          kExpOnce ? (m != -INFINITY ? acc_exp(m - row.m) * inv : 0.f / row.s) : 0.f;
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
         const int p = j * G + g;
@@ -173,6 +199,7 @@ template <typename T>
 struct SoftmaxBwd {
   using Stat = float;
   using Op = SumOp;
+  static constexpr bool kTwoReductions = false;
   struct Args {
     const T* dy;  // [rows, cols]
     const T* y;   // [rows, cols]
@@ -244,8 +271,15 @@ __global__ void __launch_bounds__(kWarpTierBlockThreads)
     const int64_t r = base + (threadIdx.x % 32) / LANES;
     const bool valid = r < rows;
     typename Policy::template Row<VEC, PACKS> row;
-    auto stat = row.load(args, r * cols, lane, LANES, npacks, valid);
-    stat = group_allreduce<LANES>(stat, typename Policy::Op());
+    typename Policy::Stat stat;
+    if constexpr (Policy::kTwoReductions) {
+      const float max = group_allreduce<LANES>(
+          row.fetch_max(args, r * cols, lane, LANES, npacks, valid), MaxOp());
+      stat = {max, group_allreduce<LANES>(row.exp_sum(max, lane, LANES, npacks, valid), SumOp())};
+    } else {
+      stat = group_allreduce<LANES>(row.load(args, r * cols, lane, LANES, npacks, valid),
+                                    typename Policy::Op());
+    }
     row.store(args, r * cols, lane, LANES, npacks, valid, stat);
   }
 }
