@@ -305,10 +305,18 @@ def test_nonfinite_many_short(device, log, dtype, n, layout):
     assert torch.equal(yf.isinf(), yt.isinf()), "infinities differ from torch's"
 
 
-# Many short rows of the last dim. CUDA: rows that are no multiple of 16 bytes take the tile
-# kernel (2, 21 with a partial last tile, 127: the longest it takes, in fewer rows per tile for
-# fp32); the others the register tiers (64, 200).
-MANY_ROWS_CASES = [(16384, 2), (16384 + 77, 21), (20000, 64), (16384, 127), (16384, 200)]
+# Many short rows of the last dim. CUDA: rows of up to 200 bytes that are no multiple of 16 bytes
+# take the tile kernel (2, 21 with a partial last tile, 50, bf16 100); the others the register
+# tiers (64, fp32 100, 127 in single elements, 200).
+MANY_ROWS_CASES = [
+    (16384, 2),
+    (16384 + 77, 21),
+    (16384, 50),
+    (20000, 64),
+    (16384, 100),
+    (16384, 127),
+    (16384, 200),
+]
 
 
 @pytest.mark.parametrize("shape", MANY_ROWS_CASES, ids=lambda v: str(v))
