@@ -147,8 +147,8 @@ struct SoftmaxFwd {
     }
 
     // This thread's sum of exp(x - max) (kExpOnce: each kept in e).
-    __device__ __forceinline__ float exp_sum(float max, int g, int G, int npacks, bool valid) {
-      const float ref = exp_ref(max);
+    __device__ __forceinline__ float exp_sum(float row_max, int g, int G, int npacks, bool valid) {
+      const float ref = exp_ref(row_max);
       float s = 0.f;
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
@@ -273,9 +273,10 @@ __global__ void __launch_bounds__(kWarpTierBlockThreads)
     typename Policy::template Row<VEC, PACKS> row;
     typename Policy::Stat stat;
     if constexpr (Policy::kTwoReductions) {
-      const float max = group_allreduce<LANES>(
+      const float row_max = group_allreduce<LANES>(
           row.fetch_max(args, r * cols, lane, LANES, npacks, valid), MaxOp());
-      stat = {max, group_allreduce<LANES>(row.exp_sum(max, lane, LANES, npacks, valid), SumOp())};
+      stat = {row_max,
+              group_allreduce<LANES>(row.exp_sum(row_max, lane, LANES, npacks, valid), SumOp())};
     } else {
       stat = group_allreduce<LANES>(row.load(args, r * cols, lane, LANES, npacks, valid),
                                     typename Policy::Op());
