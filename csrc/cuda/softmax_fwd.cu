@@ -91,15 +91,19 @@ struct SoftmaxFwdStaged : row_stage::Defaults<T_> {
   }
 };
 
-// softmax rows one CTA of at most this many threads holds take SoftmaxFwd's one-exp form for
-// 16-bit T (see SoftmaxFwd; fp32, and log_softmax, lost 1-4 points of copy in it on an H100).
+// softmax (not log_softmax) takes SoftmaxFwd's one-exp form in the warp tier, where the row's
+// max is known before its exps (H100, 262144 rows, us: bf16 32 / 256 / 197 columns 9.9 / 108.6 /
+// 96.1 -> 8.0 / 103.7 / 88.6, fp32 197 164.6 -> 153.8, no cell slower), and for 16-bit T in
+// rows one CTA of at most this many threads holds (see SoftmaxFwd; fp32, and longer rows, lost
+// 1-4 points of copy in it on an H100).
 constexpr int kExpOnceMaxThreads = 256;
 
 template <typename T, int VEC>
 bool exp_once(int64_t cols, bool log, const DeviceInfo& dev) {
-  if (sizeof(T) != 2 || log) return false;
+  if (log) return false;
   const Plan p = plan(cols / VEC, VEC, SoftmaxFwd<T, true>::kItemsMax, dev);
-  return p.tier == Tier::kBlock && p.ranks == 1 && p.threads <= kExpOnceMaxThreads;
+  return p.tier == Tier::kWarp || (sizeof(T) == 2 && p.tier == Tier::kBlock && p.ranks == 1 &&
+                                   p.threads <= kExpOnceMaxThreads);
 }
 
 template <typename T, int VEC>

@@ -94,19 +94,20 @@ __device__ __forceinline__ A exp_ref(A m) {
 // ---------------------------------------------------------------- forward policy
 
 // kExpOnce (softmax only: log_softmax takes no exp after the reduction): the row is kept in
-// fp32 as e = exp(x - m), m the thread's own max, so each element costs one exp; otherwise x
-// stays in T (half the registers for fp16/bf16) and softmax takes exp again after the reduction.
-// Measured on an H100, bf16 (softmax_fwd.cu picks): one exp is ahead for rows one CTA of <= 256
-// threads holds (16384x4096: 72 -> 85% of copy), behind for longer rows, whose fp32 row spills at
-// 64 registers or, given more, halves the CTAs per SM (4096x32768: 78 -> 52-54%).
+// fp32 as e = exp(x - m), m the reference its exps took (the thread's own max in the block tier,
+// the row's max in the warp tier), so each element costs one exp; otherwise x stays in T (half
+// the registers for fp16/bf16) and softmax takes exp again after the reduction. Measured on an
+// H100, bf16 (softmax_fwd.cu picks): in the block tier one exp is ahead for rows one CTA of
+// <= 256 threads holds (16384x4096: 72 -> 85% of copy), behind for longer rows, whose fp32 row
+// spills at 64 registers or, given more, halves the CTAs per SM (4096x32768: 78 -> 52-54%).
 template <typename T, bool kExpOnce = false>
 struct SoftmaxFwd {
   using Stat = MaxSum<float>;
   using Op = MaxSumOp;
   // The warp tier reduces the row's max, then its sum of exp(x - max) (fetch_max, exp_sum),
   // instead of merging (max, sum) pairs: a merge takes two exps per shuffle step, most of the
-  // exps of a row of a few elements per lane. kExpOnce keeps exps of its thread's own max.
-  static constexpr bool kTwoReductions = !kExpOnce;
+  // exps of a row of a few elements per lane.
+  static constexpr bool kTwoReductions = true;
   struct Args {
     const T* x;  // [rows, cols]
     T* y;        // [rows, cols]
@@ -119,13 +120,13 @@ struct SoftmaxFwd {
   struct Row {
     Pack<T, VEC> x[PACKS];
     float e[kExpOnce ? PACKS : 1][VEC];  // kExpOnce: exp(x - m)
-    float m;                             // kExpOnce: this thread's max
+    float m;                             // kExpOnce: the reference of e's exps
 
     // Loads the row and returns this thread's (max, sum of exp(x - max)), for Op's merge.
     __device__ __forceinline__ Stat load(const Args& a, int64_t offset, int g, int G, int npacks,
                                          bool valid) {
-      m = fetch_max(a, offset, g, G, npacks, valid);
-      return {m, exp_sum(m, g, G, npacks, valid)};
+      const float mx = fetch_max(a, offset, g, G, npacks, valid);
+      return {mx, exp_sum(mx, g, G, npacks, valid)};
     }
 
     // Loads the row (all loads in flight before the first use); returns this thread's max.
@@ -146,9 +147,10 @@ struct SoftmaxFwd {
       return mx;
     }
 
-    // This thread's sum of exp(x - max) (kExpOnce: each kept in e).
-    __device__ __forceinline__ float exp_sum(float row_max, int g, int G, int npacks, bool valid) {
-      const float ref = exp_ref(row_max);
+    // This thread's sum of exp(x - max), max its own or the row's (kExpOnce: each kept in e).
+    __device__ __forceinline__ float exp_sum(float max, int g, int G, int npacks, bool valid) {
+      if constexpr (kExpOnce) m = max;
+      const float ref = exp_ref(max);
       float s = 0.f;
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
@@ -165,9 +167,9 @@ struct SoftmaxFwd {
 
     __device__ __forceinline__ void store(const Args& a, int64_t offset, int g, int G, int npacks,
                                           bool valid, Stat row) const {
-      // kExpOnce softmax: y = e * exp(m - M) / S. A thread whose max is -inf holds e = 0 (or
-      // NaN): 0 / S makes its y 0, or NaN where torch's is (S is NaN for a row with NaN, 0 for
-      // a row of all -inf).
+      // kExpOnce softmax: y = e * exp(m - M) / S (m = M in the warp tier). A thread whose max
+      // is -inf holds e = 0 (or NaN): 0 / S makes its y 0, or NaN where torch's is (S is NaN for
+      // a row with NaN, 0 for a row of all -inf).
       const float log_sum = logf(row.s), inv = 1.f / row.s;
       [[maybe_unused]] const float scale =
           kExpOnce ? (m != -INFINITY ? acc_exp(m - row.m) * inv : 0.f / row.s) : 0.f;
