@@ -725,6 +725,20 @@ def test_cuda_rows_grouped_per_block(cuda_device, log, dtype, n):
     assert_softmax_backward_close(dx, torch_backward(g, y, -1, log), g, y, -1, log)
 
 
+# Rows of the register tiers in more than two waves of blocks, which take a block per row step
+# instead of a grid striding over them (warp tier: 64 and 256 columns; block tier: 2048 columns
+# of fp16/bf16, 1024 of fp32), each with a partial last block.
+MANY_WAVES_SHAPES = [(70001, 64), (35001, 256), (20001, 1024), (20001, 2048)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", MANY_WAVES_SHAPES, ids=lambda v: str(v))
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("log", OPS)
+def test_cuda_rows_of_many_waves(cuda_device, log, dtype, shape):
+    check_fwd_bwd(make_input(shape, dtype, cuda_device), -1, log)
+
+
 HUGE_SHAPES = [
     pytest.param((2**28 + 1, 8), id="2^28+1x8"),
     pytest.param((8193, 262144), id="8193x262144"),
