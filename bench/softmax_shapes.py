@@ -1,9 +1,10 @@
 """softmax and log_softmax beside torch's at shapes the kernel benchmark doesn't cover, on the
 default device (CUDA, else CPU): dims other than the last and their layouts, and short rows,
 forward and backward (the backward ops alone, given torch's forward output). Median of 7 runs
-of 10 calls, ms, fusedops / torch.
+of 10 calls, ms, fusedops / torch; with --graph (CUDA), kernel-only: each cell a CUDA graph of
+20 calls, median of 15 replays.
 
-    python bench/softmax_shapes.py [--device cpu|cuda]
+    python bench/softmax_shapes.py [--device cpu|cuda] [--graph] [--rows-only]
 """
 
 import argparse
@@ -22,7 +23,18 @@ DIM_CASES = (  # shape, dim, layout
     ((4096, 1024), 0, "contiguous"),
     ((1024, 4096), 0, "transposed"),
 )
-ROW_CASES = ((262144, 21), (65536, 100), (151296, 197), (4096, 1024))
+ROW_CASES = (
+    (262144, 21),
+    (262144, 32),
+    (262144, 64),
+    (262144, 128),
+    (262144, 256),
+    (262144, 197),
+    (131072, 512),
+    (65536, 100),
+    (151296, 197),
+    (4096, 1024),
+)
 
 
 def median_ms(f, device: torch.device, reps: int = 10) -> float:
@@ -42,14 +54,41 @@ def median_ms(f, device: torch.device, reps: int = 10) -> float:
     return statistics.median(runs)
 
 
+def graph_ms(f, device: torch.device, calls: int = 20) -> float:
+    """Kernel-only: a CUDA graph of `calls` calls, median of 15 replays, ms per call."""
+    for _ in range(3):
+        f()
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            f()
+    graph.replay()
+    runs = []
+    for _ in range(15):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / calls)
+    return statistics.median(runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(parser.parse_args().device)
+    parser.add_argument("--graph", action="store_true", help="kernel-only (CUDA graph replays)")
+    parser.add_argument("--rows-only", action="store_true", help="only the short-row cases")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if args.graph and device.type != "cuda":
+        parser.error(f"--graph times CUDA graphs; --device is {device.type}")
+    timed = graph_ms if args.graph else median_ms
     ops = torch.ops
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
-        for shape, dim, layout in DIM_CASES:
+        for shape, dim, layout in () if args.rows_only else DIM_CASES:
             x = torch.randn(shape, device=device, dtype=dtype)
             if layout == "channels_last":
                 x = x.contiguous(memory_format=torch.channels_last)
@@ -58,12 +97,12 @@ def main() -> None:
             y = torch.softmax(x, dim)
             g = torch.randn_like(y)
             fwd = (
-                median_ms(lambda x=x, dim=dim: fusedops.softmax(x, dim), device),
-                median_ms(lambda x=x, dim=dim: torch.softmax(x, dim), device),
+                timed(lambda x=x, dim=dim: fusedops.softmax(x, dim), device),
+                timed(lambda x=x, dim=dim: torch.softmax(x, dim), device),
             )
             bwd = (
-                median_ms(lambda g=g, y=y, d=dim: ops.fusedops.softmax_bwd(g, y, d, False), device),
-                median_ms(
+                timed(lambda g=g, y=y, d=dim: ops.fusedops.softmax_bwd(g, y, d, False), device),
+                timed(
                     lambda g=g, y=y, d=dim: ops.aten._softmax_backward_data(g, y, d, y.dtype),
                     device,
                 ),
@@ -84,12 +123,12 @@ def main() -> None:
                     ops.aten._log_softmax_backward_data if log else ops.aten._softmax_backward_data
                 )
                 times = (
-                    median_ms(lambda x=x, log=log: ops.fusedops.softmax_fwd(x, -1, log), device),
-                    median_ms(lambda x=x, f=aten_fwd: f(x, -1, False), device),
-                    median_ms(
+                    timed(lambda x=x, log=log: ops.fusedops.softmax_fwd(x, -1, log), device),
+                    timed(lambda x=x, f=aten_fwd: f(x, -1, False), device),
+                    timed(
                         lambda g=g, y=y, log=log: ops.fusedops.softmax_bwd(g, y, -1, log), device
                     ),
-                    median_ms(lambda g=g, y=y, f=aten_bwd: f(g, y, -1, y.dtype), device),
+                    timed(lambda g=g, y=y, f=aten_bwd: f(g, y, -1, y.dtype), device),
                 )
                 op = "log_softmax" if log else "softmax"
                 cells.append(
