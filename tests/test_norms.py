@@ -440,6 +440,7 @@ def test_cuda_bad_inputs():
 # looping kernels.
 TIER_COLS = [8, 200, 500, 1000, 4096, 8200, 20000, 40000, 131072, 140000, 262144, 300000]
 TIER_COLS += [33, 1001, 4097, 9001, 70001]
+TIER_COLS += [16, 24, 64, 96, 128]  # rows of fewer packs than a warp's lanes: teams of 2-16 lanes
 
 
 @cuda_only

@@ -93,9 +93,13 @@ struct WelfordOp {
   }
 };
 
-// The threads that own one row: a warp (kWarpRow: several per block), a block or an equal part
+// The threads that own one row (TeamKind): a warp or a power-of-two part of one (several per
+// block; rows of fewer packs than a warp's lanes leave no lane idle), a block or an equal part
 // of one (several per block for short rows), or all blocks of a cluster (sm_90+; the kernel was
 // launched with a cluster dimension). Thread t owns the packs at columns (p * g + t) * VEC.
+// Whole warps keep their size a compile-time constant: as a kernel parameter, the index math
+// cost 16-bit layer_norm 4-10% (H100, bf16 4096x1024 kernel-only 5.37 -> 5.92 us).
+enum class TeamKind { kBlock, kWarp, kWarpPart };
 struct Team {
   int g;          // threads in the team
   int t;          // this thread's rank in it
@@ -104,11 +108,13 @@ struct Team {
   int ranks;      // blocks per team: > 1 only for a cluster
 };
 
-template <bool kWarpRow>
+template <TeamKind kTeam>
 __device__ __forceinline__ Team make_team(int group) {
   const int tid = threadIdx.x, threads = blockDim.x;
-  if constexpr (kWarpRow) {
+  if constexpr (kTeam == TeamKind::kWarp) {
     return {kWarp, tid % kWarp, threads / kWarp, tid / kWarp, 1};
+  } else if constexpr (kTeam == TeamKind::kWarpPart) {  // group: a power of two below kWarp
+    return {group, tid % group, threads / group, tid / group, 1};
   } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const cg::cluster_group cluster = cg::this_cluster();
@@ -133,11 +139,17 @@ __device__ __forceinline__ int64_t team_row_step(const Team& team) {
 // All-reduce over a team; every thread of the block (of the cluster) must call it. scratch: 32
 // slots of shared memory; a cluster team's blocks then exchange their totals through `cluster`.
 // The order of additions is fixed: deterministic.
-template <bool kWarpRow, typename V, typename Op>
+template <TeamKind kTeam, typename V, typename Op>
 __device__ __forceinline__ V team_allreduce(V v, Op op, const Team& team, V* scratch,
                                             sm90::ClusterExchange& cluster) {
-  v = group_allreduce<kWarp>(v, op);
-  if constexpr (!kWarpRow) {
+  if constexpr (kTeam == TeamKind::kWarp) {
+    v = group_allreduce<kWarp>(v, op);
+  } else if constexpr (kTeam == TeamKind::kWarpPart) {        // g lanes aligned in the warp: xor
+    for (int offset = team.g / 2; offset > 0; offset /= 2) {  // offsets below g stay in it
+      v = op(v, shuffle_xor<kWarp>(v, offset));
+    }
+  } else {
+    v = group_allreduce<kWarp>(v, op);
     const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
     const int warps = team.g / team.ranks / kWarp;  // this block's warps in the team
     if (lane == 0) scratch[warp] = v;
@@ -286,7 +298,7 @@ constexpr int fwd_max_threads(int packs) { return packs <= kFwdPacks ? 1024 : 51
 
 // Forward, row in registers. Each pack index p is one coalesced sweep of the team over the row.
 // The packs stay in T (half the registers for fp16/bf16) and are widened at each use.
-template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
+template <typename T, typename W, bool kRms, int VEC, int kPacks, TeamKind kTeam>
 __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
     norm_fwd_kernel(NormFwdArgs<T, W> a, int group) {
   __shared__ float scratch[kWarp];
@@ -295,10 +307,10 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
   // previous pack's store (a compiler barrier): four L2 round trips per row. H100, kernel-only
   // % of copy: bf16 4096x1024 layer_norm 66.3 -> 67.4, rms_norm 65.0 -> 69.1, 2048x768 43.0 ->
   // 46.6 / 44.7 -> 46.3. Not for an fp32 weight beside 16-bit rows (32-byte packs): 64.4 -> 59.7.
-  constexpr bool kStageParams = kWarpRow && sizeof(Pack<W, VEC>) <= 16;
+  constexpr bool kStageParams = kTeam != TeamKind::kBlock && sizeof(Pack<W, VEC>) <= 16;
   constexpr int kRowPacks = kWarp * kPacks;
   __shared__ Pack<W, VEC> staged_params[kStageParams ? 2 : 1][kStageParams ? kRowPacks : 1];
-  const Team team = make_team<kWarpRow>(group);
+  const Team team = make_team<kTeam>(group);
   sm90::ClusterExchange cluster(team.ranks);
   sm90::grid_dependency_wait();
   const int g = team.g, t = team.t;
@@ -336,7 +348,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) s += v[j];
       }
-      mu = team_allreduce<kWarpRow>(s, SumOp(), team, scratch, cluster) / cols;
+      mu = team_allreduce<kTeam>(s, SumOp(), team, scratch, cluster) / cols;
     }
     float q = 0.f;
 #pragma unroll
@@ -348,7 +360,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
         for (int j = 0; j < VEC; ++j) q += (v[j] - mu) * (v[j] - mu);
       }
     }
-    q = team_allreduce<kWarpRow>(q, SumOp(), team, scratch, cluster);
+    q = team_allreduce<kTeam>(q, SumOp(), team, scratch, cluster);
     const float rs = acc_rsqrt(q / cols + a.eps);
     if (kStageParams && base == first) __syncthreads();  // staged_params written
     if (!valid) continue;                                // after the last barrier of this iteration
@@ -569,13 +581,13 @@ struct PartialRows {
 // dbias sums take 128 KB of shared memory anyway.
 constexpr int bwd_min_blocks(int packs, int vec) { return packs * vec < kBwdLongElems ? 2 : 1; }
 
-template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kWarpRow>
+template <typename T, typename W, bool kRms, int VEC, int kPacks, TeamKind kTeam>
 __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
     norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
   extern __shared__ float4 acc_smem[];  // BwdAcc<VEC, kPacks>::floats(blockDim.x) per sum
   __shared__ float2 scratch[kWarp];
   using Acc = BwdAcc<VEC, kPacks>;
-  const Team team = make_team<kWarpRow>(part.group);
+  const Team team = make_team<kTeam>(part.group);
   sm90::ClusterExchange cluster(team.ranks);
   sm90::grid_dependency_wait();
   const int g = team.g, t = team.t;
@@ -644,7 +656,7 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
       }
     }
     if (a.dx == nullptr) continue;  // uniform over the grid: no barrier is skipped unevenly
-    s = team_allreduce<kWarpRow>(s, Sum2Op(), team, scratch, cluster);
+    s = team_allreduce<kTeam>(s, Sum2Op(), team, scratch, cluster);
     if (!valid) continue;
     const float c1 = kRms ? 0.f : s.x / cols, c2 = s.y / cols;
 #pragma unroll
@@ -663,7 +675,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
   cluster.close();
   // Partial row blockIdx.x / ranks: one per block, or one per cluster (its blocks own disjoint
   // columns). Column c of the block's team r is pack c / (g * VEC), element c % VEC of thread
-  // r * g + (c / VEC) % g; the teams are added in order r = 0, 1, ...
+  // r * g + (c / VEC) % g. The teams are added in order, each warp's (several where a team is
+  // part of a warp) first, then the warps' sums: 512 one-lane teams added in turn erred past
+  // the tolerance rule in fp32.
   __syncthreads();
   auto flush = [&](const float* acc, float* dst) {
     dst += int64_t(blockIdx.x / team.ranks) * part.ld;
@@ -673,8 +687,13 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
       for (int e = threadIdx.x; e < span * VEC; e += blockDim.x) {
         const int lane = e / VEC, j = e % VEC, col = (p * g + first + lane) * VEC + j;
         if (col >= cols) continue;
+        const int warp_teams = kTeam == TeamKind::kWarpPart ? kWarp / g : 1;
         float sum = 0.f;
-        for (int r = 0; r < team.per_block; ++r) sum += acc[Acc::index(p, j, r * g + lane)];
+        for (int w = 0; w < team.per_block; w += warp_teams) {
+          float warp_sum = 0.f;
+          for (int r = w; r < w + warp_teams; ++r) warp_sum += acc[Acc::index(p, j, r * g + lane)];
+          sum += warp_sum;
+        }
         dst[col] = sum;
       }
     }
@@ -749,7 +768,7 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
   __shared__ uint64_t landed[kBwdStages];
   __shared__ float2 scratch[kWarp];
   constexpr bool kRowInRegisters = kPacks == kBwdStagedPacks;  // else read from the stage
-  const Team team = make_team<false>(blockDim.x);
+  const Team team = make_team<TeamKind::kBlock>(blockDim.x);
   sm90::ClusterExchange cluster(team.ranks);
   sm90::grid_dependency_wait();
   const int rank = team.t / blockDim.x, tid = threadIdx.x;
@@ -845,7 +864,7 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
       }
     }
     if (a.dx != nullptr) {  // uniform over the grid
-      sum = team_allreduce<false>(sum, Sum2Op(), team, scratch, cluster);
+      sum = team_allreduce<TeamKind::kBlock>(sum, Sum2Op(), team, scratch, cluster);
       const float c1 = kRms ? 0.f : sum.x / cols, c2 = sum.y / cols;
 #pragma unroll
       for (int k = 0; k < kPacks; ++k) {
@@ -958,6 +977,24 @@ __global__ void __launch_bounds__(kLoopThreads, 1)
 
 int64_t round_up_warp(int64_t n) { return ceil_div(n, kWarp) * kWarp; }
 
+// Lanes of a warp team for a row of `packs` packs: the power of two that holds them one per
+// lane, up to a warp, so that a warp takes several short rows at once (H100 before this, bf16
+// 262144 rows of 64 / 128 columns, 8 / 16 packs on 32 lanes: rms_norm forward at 35 / 67% of
+// copy).
+int row_lanes(int64_t packs) {
+  int lanes = 1;
+  while (lanes < packs && lanes < kWarp) lanes *= 2;
+  return lanes;
+}
+
+// The backward's warp teams, whose lanes hold up to lane_packs packs: rows of fewer packs than
+// a warp's lanes take as few lanes as hold them (H100, 262144 rows, us: bf16 layer_norm 16 / 64
+// / 128 columns 174 / 186 / 190 -> 27 / 51 / 88); longer rows a whole warp, where fewer lanes
+// of more packs each lost (fp32 128 columns, 8 lanes of 4 packs: 7-9% slower than 32 of 1).
+int bwd_row_lanes(int64_t packs, int lane_packs) {
+  return packs < kWarp ? row_lanes(ceil_div(packs, lane_packs)) : kWarp;
+}
+
 // Blocks for `teams` row teams of `ranks` blocks: enough to fill the device many times over;
 // the kernels stride over further rows (which keeps gridDim.x far below its limit).
 int64_t stride_blocks(int64_t teams, int ranks, const DeviceInfo& info) {
@@ -1020,13 +1057,23 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
     constexpr int kRows = kFwdWarpRowsPerBlock;
     const LaunchShape warp{stride_blocks(ceil_div(a.rows, kRows), 1, info), kWarp * kRows, 0, 1};
     if (a.cols <= kWarp * VEC) {
-      return launch(norm_fwd_kernel<T, W, kRms, VEC, 1, true>, warp, info, stream, a, kWarp);
+      const int lanes = row_lanes(ceil_div(a.cols, VEC));
+      if (lanes == kWarp) {
+        return launch(norm_fwd_kernel<T, W, kRms, VEC, 1, TeamKind::kWarp>, warp, info, stream, a,
+                      kWarp);
+      }
+      const LaunchShape part_rows{stride_blocks(ceil_div(a.rows, kRows * kWarp / lanes), 1, info),
+                                  kWarp * kRows, 0, 1};
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 1, TeamKind::kWarpPart>, part_rows, info,
+                    stream, a, lanes);
     }
     if (a.cols <= kWarp * VEC * 2) {
-      return launch(norm_fwd_kernel<T, W, kRms, VEC, 2, true>, warp, info, stream, a, kWarp);
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 2, TeamKind::kWarp>, warp, info, stream, a,
+                    kWarp);
     }
     if (a.cols <= kWarp * VEC * 4) {
-      return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, true>, warp, info, stream, a, kWarp);
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, 4, TeamKind::kWarp>, warp, info, stream, a,
+                    kWarp);
     }
     // One block per row where one holds it: its barriers are cheap. Longer rows take clusters
     // of 512-thread blocks first, two per SM, so that one block loads while the other waits at
@@ -1044,8 +1091,8 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
       const TeamShape s = team_shape(a.cols, VEC, {kPacks}, max_threads, ranks);
       if (s.ranks == 0) continue;
       const LaunchShape team{stride_blocks(a.rows, s.ranks, info), s.threads, 0, s.ranks};
-      return launch(norm_fwd_kernel<T, W, kRms, VEC, kPacks, false>, team, info, stream, a,
-                    s.threads);
+      return launch(norm_fwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kBlock>, team, info, stream,
+                    a, s.threads);
     }
   }
   const LaunchShape loop{loop_blocks(a.rows, a.cols * int64_t(sizeof(T)), info), kLoopThreads, 0,
@@ -1156,15 +1203,17 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
     const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
     const TeamShape s = team_shape(a.cols, VEC, {kPacks, kLongPacks}, kBwdMaxThreads, max_ranks);
     if (a.cols <= kWarp * kPacks * VEC) {
-      p = {norm_bwd_kernel<T, W, kRms, VEC, kPacks, true>,
+      const int lanes = bwd_row_lanes(ceil_div(a.cols, VEC), kPacks);
+      p = {lanes == kWarp ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarp>
+                          : norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarpPart>,
            {0, kBwdMaxThreads, smem(kBwdMaxThreads, kPacks), 1},
-           kWarp,
+           lanes,
            false,
            0};
     } else if (s.ranks > 0) {
       const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
-      p = {s.packs == kPacks ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, false>
-                             : norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, false>,
+      p = {s.packs == kPacks ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kBlock>
+                             : norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, TeamKind::kBlock>,
            {0, threads, smem(threads, s.packs), s.ranks},
            s.threads,
            false,
