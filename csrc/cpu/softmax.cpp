@@ -139,15 +139,24 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
 // [16, C, 64, 64] channels_last over dim 1, rows path / torch, ms: C = 21 fp32 16.4 / 7.4, bf16
 // 12.3 / 5.4; C = 32 bf16 1.97 / 1.52; C = 64 bf16 3.5 / 4.4, fp32 14.2 / 15.5). Not fp16/bf16
 // log_softmax on torch 2.4, whose CPU kernel there maps -inf inputs to NaN (the floor build's
-// tests; torch 2.14's doesn't).
-constexpr int64_t kCpuTransposedRowsCols = 64;  // rows at least this long keep the rows path
+// tests; torch 2.14's doesn't). So do many fp32 rows of 16-63 elements in any layout, where
+// torch's vectorized kernel beats the rows path's one or two partial vector steps per row (2
+// threads, 65536 rows, the rows path's speed over torch at 16 / 21 / 32 / 48 columns: softmax
+// forward 0.45 / 0.68 / 0.99 / 0.65x, backward 0.47 / 0.59 / 0.77 / 0.88x, log_softmax forward
+// 0.30 / 0.57 / 0.97 / 0.75x, backward 0.38 / 0.68 / 0.93 / 0.68x); shorter rows (4 and 8
+// columns: 1.1-9.8x) and rows of 64 and more (0.88-1.49x) keep the rows path.
+constexpr int64_t kCpuTransposedRowsCols = 64;      // rows at least this long keep the rows path
+constexpr int64_t kCpuFp32TorchRows[2] = {16, 64};  // [first, end) of such fp32 row lengths
 bool cpu_runs_torch(const at::Tensor& t, int64_t dim, bool log) {
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 5
   if (log && at::isReducedFloatingType(t.scalar_type())) return false;
 #endif
-  return softmax_dim_strided(t, dim) ||
-         (softmax_dim_transposed(t, dim) && many_short_softmaxes(t, dim) &&
-          t.size(dim) < kCpuTransposedRowsCols);
+  if (softmax_dim_strided(t, dim)) return true;
+  if (t.dim() == 0 || !many_short_softmaxes(t, dim)) return false;
+  const int64_t cols = t.size(dim);
+  return (softmax_dim_transposed(t, dim) && cols < kCpuTransposedRowsCols) ||
+         (t.scalar_type() == at::kFloat && cols >= kCpuFp32TorchRows[0] &&
+          cols < kCpuFp32TorchRows[1]);
 }
 
 at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
