@@ -441,6 +441,7 @@ def test_cuda_bad_inputs():
 TIER_COLS = [8, 200, 500, 1000, 4096, 8200, 20000, 40000, 131072, 140000, 262144, 300000]
 TIER_COLS += [33, 1001, 4097, 9001, 70001]
 TIER_COLS += [16, 24, 64, 96, 128]  # rows of fewer packs than a warp's lanes: teams of 2-16 lanes
+TIER_COLS += [256]  # 16-bit layer_norm backward: half warps of 2 packs
 
 
 @cuda_only
@@ -579,6 +580,18 @@ def test_cuda_backward_many_rows_per_team(dtype, cols, op):
     x = torch.randn(3 + 2**24 // cols, cols, dtype=dtype, device="cuda")
     for mode in ["same", "none"]:
         _check(op, x, [cols], *_params(op, mode, cols, dtype, "cuda"), 1e-5)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cols", [16, 64, 256, 768])
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_forward_rows_of_many_waves(dtype, cols, op):
+    """Rows enough that the forward's warp and block teams take a block each (two waves of the
+    device's block slots and more: `wave_blocks`) and its part-warp teams stride over many rows,
+    the last block partly filled. Forward only: the backward's grids don't change with rows."""
+    x = torch.randn(3 + 2**24 // cols, cols, dtype=dtype, device="cuda")
+    _check(op, x, [cols], *_params(op, "same", cols, dtype, "cuda"), 1e-5, grad=False)
 
 
 @cuda_only

@@ -305,14 +305,16 @@ def test_nonfinite_many_short(device, log, dtype, n, layout):
     assert torch.equal(yf.isinf(), yt.isinf()), "infinities differ from torch's"
 
 
-# Many short rows of the last dim. CUDA: rows of up to 200 bytes that are no multiple of 16 bytes
-# take the tile kernel (2, 21 with a partial last tile, 50, bf16 100); the others the register
-# tiers (64, fp32 100, 127 in single elements, 200).
+# Many short rows of the last dim. CUDA: rows of up to 72 elements and 200 bytes that are no
+# multiple of 16 bytes take the tile kernel (2, 21 with a partial last tile, 50, 16-bit 72); the
+# others the register tiers (64, 73, 100, 127 in single elements, 200).
 MANY_ROWS_CASES = [
     (16384, 2),
     (16384 + 77, 21),
     (16384, 50),
     (20000, 64),
+    (16384, 72),
+    (16384, 73),
     (16384, 100),
     (16384, 127),
     (16384, 200),

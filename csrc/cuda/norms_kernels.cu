@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -990,9 +991,12 @@ int row_lanes(int64_t packs) {
 // The backward's warp teams, whose lanes hold up to lane_packs packs: rows of fewer packs than
 // a warp's lanes take as few lanes as hold them (H100, 262144 rows, us: bf16 layer_norm 16 / 64
 // / 128 columns 174 / 186 / 190 -> 27 / 51 / 88); longer rows a whole warp, where fewer lanes
-// of more packs each lost (fp32 128 columns, 8 lanes of 4 packs: 7-9% slower than 32 of 1).
-int bwd_row_lanes(int64_t packs, int lane_packs) {
-  return packs < kWarp ? row_lanes(ceil_div(packs, lane_packs)) : kWarp;
+// of more packs each lost (fp32 128 columns, 8 lanes of 4 packs: 7-9% slower than 32 of 1;
+// fp32 layer_norm 160, 16 lanes of 4: 7.5%), but for layer_norm's 16-bit rows of 32 packs (256
+// columns): half warps of 2 packs, bf16 205 -> 155 us (rms_norm 149 -> 155: not taken).
+int bwd_row_lanes(int64_t packs, int lane_packs, bool rms) {
+  if (packs < kWarp) return row_lanes(ceil_div(packs, lane_packs));
+  return !rms && packs == kWarp && lane_packs == 2 ? kWarp / 2 : kWarp;
 }
 
 // Blocks for `teams` row teams of `ranks` blocks: enough to fill the device many times over;
@@ -1000,6 +1004,18 @@ int bwd_row_lanes(int64_t packs, int lane_packs) {
 int64_t stride_blocks(int64_t teams, int ranks, const DeviceInfo& info) {
   const int64_t cap = std::max<int64_t>(1, int64_t(info.sm_count) * 32 / ranks);
   return std::min(teams, cap) * ranks;
+}
+
+// Blocks for the forward's blocks of whole-warp or block teams, one per `blocks` where they
+// fill the device's block slots (32 per SM) twice over: the block scheduler then balances the
+// rows better than blocks striding over them, as softmax's grid_for found. H100, kernel-only,
+// us, striding -> a block each: fp32 layer_norm 262144x128 / 262144x256 / 65536x768 101.6 /
+// 193.9 / 161.3 -> 92.3 / 181.7 / 141.3, rms_norm 262144x128 / x256 98.6 / 190.1 -> 91.4 /
+// 180.5, bf16 layer_norm 65536x768 72.8 -> 70.0. Blocks of part-warp teams (8-64 rows each) keep
+// striding: bf16 layer_norm 262144x64 / x128 read 28.1 / 53.6 -> 29.1 / 57.2 as a block each.
+int64_t wave_blocks(int64_t blocks, const DeviceInfo& info) {
+  if (blocks >= 2 * int64_t(info.sm_count) * 32) return std::min<int64_t>(blocks, INT_MAX);
+  return stride_blocks(blocks, 1, info);
 }
 
 // Looping kernels re-read a row soon after reading it: keep the rows in flight within half the
@@ -1055,7 +1071,7 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
       }
     }
     constexpr int kRows = kFwdWarpRowsPerBlock;
-    const LaunchShape warp{stride_blocks(ceil_div(a.rows, kRows), 1, info), kWarp * kRows, 0, 1};
+    const LaunchShape warp{wave_blocks(ceil_div(a.rows, kRows), info), kWarp * kRows, 0, 1};
     if (a.cols <= kWarp * VEC) {
       const int lanes = row_lanes(ceil_div(a.cols, VEC));
       if (lanes == kWarp) {
@@ -1090,7 +1106,9 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
     for (const auto& [max_threads, ranks] : caps) {
       const TeamShape s = team_shape(a.cols, VEC, {kPacks}, max_threads, ranks);
       if (s.ranks == 0) continue;
-      const LaunchShape team{stride_blocks(a.rows, s.ranks, info), s.threads, 0, s.ranks};
+      const int64_t blocks =
+          s.ranks > 1 ? stride_blocks(a.rows, s.ranks, info) : wave_blocks(a.rows, info);
+      const LaunchShape team{blocks, s.threads, 0, s.ranks};
       return launch(norm_fwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kBlock>, team, info, stream,
                     a, s.threads);
     }
@@ -1203,7 +1221,7 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
     const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
     const TeamShape s = team_shape(a.cols, VEC, {kPacks, kLongPacks}, kBwdMaxThreads, max_ranks);
     if (a.cols <= kWarp * kPacks * VEC) {
-      const int lanes = bwd_row_lanes(ceil_div(a.cols, VEC), kPacks);
+      const int lanes = bwd_row_lanes(ceil_div(a.cols, VEC), kPacks, kRms);
       p = {lanes == kWarp ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarp>
                           : norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarpPart>,
            {0, kBwdMaxThreads, smem(kBwdMaxThreads, kPacks), 1},

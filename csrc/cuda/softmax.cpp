@@ -14,13 +14,14 @@
 namespace fusedops {
 namespace {
 
-// Many rows of the last dim of up to this many bytes that the register tiers would read in
-// single elements (a length or address not a multiple of 16 bytes) take the tile kernel, whose
-// thread per row walks it alone. Kernel-only on an H100, 262144 rows, µs, register tiers / tile
-// (torch): fp32 21 columns 50 / 18 (27), 33 61 / 29 (37); bf16 21 45 / 14 (24), 100 72 / 62 (57),
-// 197 100 / 135 (98); past the limit the tile also lost to torch at 127 columns (fp32 139 / 93,
-// bf16 86 / 60).
-constexpr int64_t kTileRowMaxBytes = 200;
+// Many rows of the last dim that the register tiers would read in single elements (a length or
+// address not a multiple of 16 bytes) take the tile kernel, whose thread per row walks it alone,
+// up to these lengths: the tile's time grows with the elements a thread walks. Kernel-only on an
+// H100, 262144 rows, softmax, us, register tiers / tile (torch): fp32 21 columns 41.4 / 15.8
+// (27.1), 50 43.4 / 42.0 (40.1); bf16 21 41.0 / 13.8 (23.7), 65 45.2 / 43.4 (51.1), 81 46.2 / 53.5
+// (51.4), 100 47.8 / 61.8 (56.4); earlier, past 200 bytes the tile lost to torch at 127 columns
+// (fp32 139 / 93, bf16 86 / 60).
+constexpr int64_t kTileRowMaxCols = 72, kTileRowMaxBytes = 200;
 
 at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   const SoftmaxProblem p = check_softmax_fwd(input, dim, log);
@@ -58,7 +59,7 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   if (p.rows == 0) return from_rows(y, p.dim, input);
   const bool single_elements = (p.cols * elem_bytes) % 16 != 0 || !aligned16(x.const_data_ptr()) ||
                                !aligned16(y.const_data_ptr());
-  const bool tile = single_elements && p.rows >= kManyColumns &&
+  const bool tile = single_elements && p.rows >= kManyColumns && p.cols <= kTileRowMaxCols &&
                     p.cols * elem_bytes <= kTileRowMaxBytes &&
                     softmax_tile_rows(p.cols, p.rows, elem_bytes) > 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "softmax_fwd", [&] {
