@@ -144,24 +144,36 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
 // threads, 65536 rows, the rows path's speed over torch at 16 / 21 / 32 / 48 columns: softmax
 // forward 0.45 / 0.68 / 0.99 / 0.65x, backward 0.47 / 0.59 / 0.77 / 0.88x, log_softmax forward
 // 0.30 / 0.57 / 0.97 / 0.75x, backward 0.38 / 0.68 / 0.93 / 0.68x); shorter rows (4 and 8
-// columns: 1.1-9.8x) and rows of 64 and more (0.88-1.49x) keep the rows path.
-constexpr int64_t kCpuTransposedRowsCols = 64;      // rows at least this long keep the rows path
-constexpr int64_t kCpuFp32TorchRows[2] = {16, 64};  // [first, end) of such fp32 row lengths
-bool cpu_runs_torch(const at::Tensor& t, int64_t dim, bool log) {
+// columns: 1.1-9.8x) and rows of 64 and more (0.88-1.49x) keep the rows path. And many fp16/bf16
+// rows of 32-255 elements, for log_softmax and softmax's backward, where torch's kernels beat
+// the rows path's per-row reductions and scalar tails (same measure, 32 / 48 / 96 / 127 / 197 /
+// 255 columns: bf16 log_softmax forward 0.68 / 0.56 / 0.83 / 0.82 / 0.98 / 1.00x, backward 1.00
+// / 0.74 / 1.00 / 0.88 / 0.94 / 0.94x, softmax backward 0.92 / 0.76 / 0.94 / 0.58 / 1.02 /
+// 0.72x; fp16 0.80 / 0.67 / 1.02 / 0.90 / 0.93 / 1.08x, 1.00 / 0.77 / 1.01 / 0.86 / 0.85 /
+// 0.94x, 0.92 / 0.28 / 0.97 / 0.29 / 0.95 / 0.49x; torch's kernel through the op: 0.96-1.02x);
+// softmax's forward keeps the rows path there (1.08-2.7x), and so do shorter rows (16 and 21:
+// 1.1-6.5x) and longer ones (256: 0.96-1.19x).
+constexpr int64_t kCpuTransposedRowsCols = 64;       // rows at least this long keep the rows path
+constexpr int64_t kCpuFp32TorchRows[2] = {16, 64};   // [first, end) of such fp32 row lengths
+constexpr int64_t kCpuHalfTorchRows[2] = {32, 256};  // and of fp16/bf16 ones (not softmax forward)
+bool cpu_runs_torch(const at::Tensor& t, int64_t dim, bool log, bool backward) {
+  const bool half = at::isReducedFloatingType(t.scalar_type());
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 5
-  if (log && at::isReducedFloatingType(t.scalar_type())) return false;
+  if (log && half) return false;
 #endif
   if (softmax_dim_strided(t, dim)) return true;
   if (t.dim() == 0 || !many_short_softmaxes(t, dim)) return false;
   const int64_t cols = t.size(dim);
   return (softmax_dim_transposed(t, dim) && cols < kCpuTransposedRowsCols) ||
          (t.scalar_type() == at::kFloat && cols >= kCpuFp32TorchRows[0] &&
-          cols < kCpuFp32TorchRows[1]);
+          cols < kCpuFp32TorchRows[1]) ||
+         (half && (log || backward) && cols >= kCpuHalfTorchRows[0] && cols < kCpuHalfTorchRows[1]);
 }
 
 at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
   const auto p = check_softmax_fwd(input, dim, log);
-  if (cpu_runs_torch(input, p.dim, log)) return torch_softmax_fwd(input, p.dim, log);
+  if (cpu_runs_torch(input, p.dim, log, /*backward=*/false))
+    return torch_softmax_fwd(input, p.dim, log);
   const at::Tensor x = to_rows(input, p.dim);
   at::Tensor y = cpu_empty_like(x);
   if (p.rows > 0) {
@@ -177,7 +189,8 @@ at::Tensor softmax_fwd(const at::Tensor& input, int64_t dim, bool log) {
 at::Tensor softmax_bwd(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                        bool log) {
   const auto p = check_softmax_bwd(grad_output, output, dim, log);
-  if (cpu_runs_torch(output, p.dim, log)) return torch_softmax_bwd(grad_output, output, p.dim, log);
+  if (cpu_runs_torch(output, p.dim, log, /*backward=*/true))
+    return torch_softmax_bwd(grad_output, output, p.dim, log);
   const at::Tensor dy = to_rows(grad_output, p.dim);
   const at::Tensor y = to_rows(output, p.dim);
   at::Tensor dx = cpu_empty_like(y);
