@@ -125,7 +125,7 @@ def _check(op, x, shape, w, b, eps, grad=True, unchecked=()):
 
 
 # Row lengths: 1, odd, non-power-of-two, more than a block holds, the issue's largest.
-COLS = [1, 7, 33, 1000, 4097, 8192, 131072]
+COLS = [1, 7, 24, 33, 48, 1000, 4097, 8192, 131072]  # 24, 48: the CPU rows' single-vector steps
 MODES = ["none", "weight", "bias", "same", "fp32"]
 
 

@@ -37,12 +37,19 @@ using Vec = at::vec::Vectorized<A>;
 template <typename A>
 using Vec2 = at::vec::VectorizedN<A, 2>;
 
-// Calls f(i, tag) over [begin, end): tag is a Vec2<A> for each full step, then an A for each
-// tail element, so one generic body (using ld/st below) serves both widths.
-template <typename A, typename F>
+// Calls f(i, tag) over [begin, end): tag is a Vec2<A> for each full step, then (kVecStep) a
+// Vec<A> where a whole one is left, then an A for each tail element, so one generic body (using
+// ld/st below) serves every width. A Vec<A> step needs memory of A (ld/st widen only Vec2).
+template <typename A, bool kVecStep = false, typename F>
 inline void for_each_vec(int64_t begin, int64_t end, const F& f) {
   int64_t i = begin;
   for (; i + Vec2<A>::size() <= end; i += Vec2<A>::size()) f(i, Vec2<A>());
+  if constexpr (kVecStep) {
+    if (i + Vec<A>::size() <= end) {
+      f(i, Vec<A>());
+      i += Vec<A>::size();
+    }
+  }
   for (; i < end; ++i) f(i, A());
 }
 
@@ -92,6 +99,7 @@ struct Sum {
       n = 0;
     }
   }
+  void add(const Vec<A>& x) { outer = outer + x; }
   void add(A x) { s += x; }
   A total() const {
     return at::vec::vec_reduce_all<A>([](Vec<A>& a, Vec<A>& b) { return a + b; }, outer + inner) +
