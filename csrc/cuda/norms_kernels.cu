@@ -1006,13 +1006,14 @@ int64_t stride_blocks(int64_t teams, int ranks, const DeviceInfo& info) {
   return std::min(teams, cap) * ranks;
 }
 
-// Blocks for the forward's blocks of whole-warp or block teams, one per `blocks` where they
-// fill the device's block slots (32 per SM) twice over: the block scheduler then balances the
-// rows better than blocks striding over them, as softmax's grid_for found. H100, kernel-only,
-// us, striding -> a block each: fp32 layer_norm 262144x128 / 262144x256 / 65536x768 101.6 /
-// 193.9 / 161.3 -> 92.3 / 181.7 / 141.3, rms_norm 262144x128 / x256 98.6 / 190.1 -> 91.4 /
-// 180.5, bf16 layer_norm 65536x768 72.8 -> 70.0. Blocks of part-warp teams (8-64 rows each) keep
-// striding: bf16 layer_norm 262144x64 / x128 read 28.1 / 53.6 -> 29.1 / 57.2 as a block each.
+// The forward's grid for `blocks` blocks of whole-warp or block teams: all of them where they
+// fill the device's block slots (32 per SM) twice over, as softmax's grid_for does (the block
+// scheduler then balances the rows better than blocks striding over them), else stride_blocks'.
+// H100, kernel-only, us, striding -> a block each: fp32 layer_norm 262144x128 / 262144x256 /
+// 65536x768 101.6 / 193.9 / 161.3 -> 92.3 / 181.7 / 141.3, rms_norm 262144x128 / x256 98.6 /
+// 190.1 -> 91.4 / 180.5, bf16 layer_norm 65536x768 72.8 -> 70.0. Blocks of part-warp teams (8-64
+// rows each) keep striding: bf16 layer_norm 262144x64 / x128 read 28.1 / 53.6 -> 29.1 / 57.2 as
+// a block each.
 int64_t wave_blocks(int64_t blocks, const DeviceInfo& info) {
   if (blocks >= 2 * int64_t(info.sm_count) * 32) return std::min<int64_t>(blocks, INT_MAX);
   return stride_blocks(blocks, 1, info);
