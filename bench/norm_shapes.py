@@ -5,6 +5,7 @@ backward ops alone, every gradient), kernel-only: each cell a CUDA graph of 20 c
 rms_norm has no torch backward op to time alone: its torch cell is empty.
 
     python bench/norm_shapes.py [--dtypes bf16,fp32] [--shapes 262144x64,65536x768]
+                                [--ops layer_norm_bwd,rms_norm_bwd] [--no-torch]
 
 Needs CUDA.
 """
@@ -28,6 +29,7 @@ SHAPES = (
     (4096, 1024),
 )
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+OPS = ("layer_norm", "layer_norm_bwd", "rms_norm", "rms_norm_bwd")
 
 
 def cases(x: torch.Tensor, eps: float = 1e-5) -> dict:
@@ -66,7 +68,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--shapes", default=",".join(f"{r}x{c}" for r, c in SHAPES))
+    parser.add_argument("--ops", default=",".join(OPS), help="a comma-separated subset of OPS")
+    parser.add_argument("--no-torch", action="store_true", help="time fusedops only")
     args = parser.parse_args()
+    ops = args.ops.split(",")
+    if unknown := [op for op in ops if op not in OPS]:
+        parser.error(f"--ops: unknown {unknown}; choose from {', '.join(OPS)}")
     if not torch.cuda.is_available():
         parser.error("needs CUDA")
     device = torch.device("cuda")
@@ -75,6 +82,10 @@ def main() -> None:
         for rows, cols in shapes:
             x = torch.randn(rows, cols, device=device, dtype=DTYPES[dtype_name])
             for op, (ours, theirs, tensors) in cases(x).items():
+                if op not in ops:
+                    continue
+                if args.no_torch:
+                    theirs = None
                 us = 1e3 * graph_ms(ours, device)
                 gbs = tensors * x.numel() * x.element_size() / us / 1e3
                 torch_us = f"{1e3 * graph_ms(theirs, device):8.2f}" if theirs else f"{'':8}"
