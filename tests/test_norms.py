@@ -595,6 +595,18 @@ def test_cuda_forward_rows_of_many_waves(dtype, cols, op):
 
 
 @cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cols", [16, 64, 256, 768])
+@pytest.mark.parametrize("op", OPS)
+def test_cuda_param_grads_of_many_rows(dtype, cols, op):
+    """dweight and dbias summed over 2^20 rows of 16 columns (and as many elements in wider
+    rows): each block adds hundreds of one-lane teams, then the partial rows of hundreds of
+    blocks. Added in sequence, fp32 layer_norm's dbias at 16 columns erred twice torch's error."""
+    x = torch.randn(2**24 // cols, cols, dtype=dtype, device="cuda")
+    _check(op, x, [cols], *_params(op, "same", cols, dtype, "cuda"), 1e-5)
+
+
+@cuda_only
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_misaligned_pointer_and_many_rows(op):
     buf = torch.randn(64 * 1024 + 1, dtype=torch.bfloat16, device="cuda")

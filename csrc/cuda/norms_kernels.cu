@@ -587,12 +587,25 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
     norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
   extern __shared__ float4 acc_smem[];  // BwdAcc<VEC, kPacks>::floats(blockDim.x) per sum
   __shared__ float2 scratch[kWarp];
+  // Warp rows: the block's copy of w (packs [0, kWarp * kPacks)), read in each pass. Read from
+  // global memory, each row's weights were loaded and widened beside its x and dy, up to 16 more
+  // live registers at the 64-register cap (spills in the row loop).
+  constexpr bool kStageW = kTeam != TeamKind::kBlock;
+  __shared__ Pack<W, VEC> staged_w[kStageW ? kWarp * kPacks : 1];
   using Acc = BwdAcc<VEC, kPacks>;
   const Team team = make_team<kTeam>(part.group);
   sm90::ClusterExchange cluster(team.ranks);
   sm90::grid_dependency_wait();
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
+  if constexpr (kStageW) {
+    if (a.w != nullptr) {
+      for (int i = threadIdx.x; i * VEC < cols; i += blockDim.x) {
+        staged_w[i] = load_narrow<VEC>(a.w + i * VEC);
+      }
+    }
+    __syncthreads();
+  }
   float* dw_acc = reinterpret_cast<float*>(acc_smem);
   float* db_acc = dw_acc + Acc::floats(blockDim.x);
   const float zero[VEC] = {};
@@ -628,7 +641,13 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
     auto weight = [&](int p, float(&wv)[VEC]) {
       const int col = (p * g + t) * VEC;
       if (a.w != nullptr && col < cols) {
-        load_acc<VEC>(a.w + col, wv);
+        if constexpr (kStageW) {
+          const Pack<W, VEC> pk = staged_w[p * g + t];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) wv[j] = to_acc(pk.v[j]);
+        } else {
+          load_acc<VEC>(a.w + col, wv);
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) wv[j] = 1.f;
@@ -676,9 +695,28 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
   cluster.close();
   // Partial row blockIdx.x / ranks: one per block, or one per cluster (its blocks own disjoint
   // columns). Column c of the block's team r is pack c / (g * VEC), element c % VEC of thread
-  // r * g + (c / VEC) % g. The teams are added in order, each warp's (several where a team is
-  // part of a warp) first, then the warps' sums: 512 one-lane teams added in turn erred past
-  // the tolerance rule in fp32.
+  // r * g + (c / VEC) % g. Part-warp teams of 16-byte rows first add a warp's teams by
+  // butterfly shuffles over each thread's own float4 slots (pairwise, every lane at once),
+  // leaving the warp's sums in its first team's slots; then one thread per column adds the
+  // warps' (other teams': the teams') sums in order. One thread per column walking 512 one-lane
+  // teams in turn took a third of fp32 layer_norm's backward at 262144x16.
+  constexpr bool kWarpButterfly = kTeam == TeamKind::kWarpPart && Acc::kChunk == 4;
+  const int warp_teams = kWarpButterfly ? kWarp / g : 1;
+  if constexpr (kWarpButterfly) {
+    auto warp_sum = [&](float* acc) {
+#pragma unroll 1  // float4 q of the sums is thread q % blockDim.x's: see BwdAcc::index
+      for (int i = threadIdx.x * 4; i < Acc::floats(blockDim.x); i += blockDim.x * 4) {
+        float4 v = *reinterpret_cast<float4*>(acc + i);
+        for (int offset = kWarp / 2; offset >= g; offset /= 2) {
+          const float4 o = shuffle_xor<kWarp>(v, offset);
+          v.x += o.x, v.y += o.y, v.z += o.z, v.w += o.w;
+        }
+        *reinterpret_cast<float4*>(acc + i) = v;
+      }
+    };
+    warp_sum(dw_acc);
+    if constexpr (!kRms) warp_sum(db_acc);
+  }
   __syncthreads();
   auto flush = [&](const float* acc, float* dst) {
     dst += int64_t(blockIdx.x / team.ranks) * part.ld;
@@ -688,12 +726,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
       for (int e = threadIdx.x; e < span * VEC; e += blockDim.x) {
         const int lane = e / VEC, j = e % VEC, col = (p * g + first + lane) * VEC + j;
         if (col >= cols) continue;
-        const int warp_teams = kTeam == TeamKind::kWarpPart ? kWarp / g : 1;
         float sum = 0.f;
-        for (int w = 0; w < team.per_block; w += warp_teams) {
-          float warp_sum = 0.f;
-          for (int r = w; r < w + warp_teams; ++r) warp_sum += acc[Acc::index(p, j, r * g + lane)];
-          sum += warp_sum;
+        for (int r = 0; r < team.per_block; r += warp_teams) {
+          sum += acc[Acc::index(p, j, r * g + lane)];
         }
         dst[col] = sum;
       }

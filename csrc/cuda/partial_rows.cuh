@@ -3,7 +3,8 @@
 // then sum_kernel adds them in a fixed order: the same bits every run, no atomics.
 //   out[c] = sum over r < parts of part[r * ld + c], cast to W   (ld: whole 4-column groups)
 // A block is lanes x slices = kThreads threads: lanes 4-column groups side by side, slices
-// threads down the parts, each adding every slices-th row; the slices are then added in order.
+// threads down the parts, each adding every slices-th row; the slices are then added in order,
+// with compensation.
 // The partials were just written and sit in L2, so the time is load latency: many parts take
 // more slices (each thread adds at most ~kRowsPerThread of them) and narrower tiles, which also
 // make more blocks. A fixed 32 x 8 ran 32 blocks for 4096 columns with each thread 33-50 loads
@@ -68,11 +69,15 @@ __global__ void __launch_bounds__(kThreads)
     }
     red[threadIdx.y * lanes + threadIdx.x] = s;
     __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
-      Quad sum = red[threadIdx.x];
+    if (threadIdx.y == 0 && c < cols) {     // Kahan: the error doesn't grow with the slices
+      Quad sum = red[threadIdx.x], lost{};  // lost: what the last addition rounded away
       for (int k = 1; k < slices; ++k) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) sum.v[j] += red[k * lanes + threadIdx.x].v[j];
+        for (int j = 0; j < 4; ++j) {
+          const A v = red[k * lanes + threadIdx.x].v[j] - lost.v[j], next = sum.v[j] + v;
+          lost.v[j] = (next - sum.v[j]) - v;
+          sum.v[j] = next;
+        }
       }
       for (int j = 0; j < 4 && c + j < cols; ++j) out[c + j] = from_acc<W>(sum.v[j]);
     }
