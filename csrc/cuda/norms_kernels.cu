@@ -697,9 +697,9 @@ __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
   // columns). Column c of the block's team r is pack c / (g * VEC), element c % VEC of thread
   // r * g + (c / VEC) % g. Part-warp teams of 16-byte rows first add a warp's teams by
   // butterfly shuffles over each thread's own float4 slots (pairwise, every lane at once),
-  // leaving the warp's sums in its first team's slots; then one thread per column adds the
-  // warps' (other teams': the teams') sums in order. One thread per column walking 512 one-lane
-  // teams in turn took a third of fp32 layer_norm's backward at 262144x16.
+  // leaving the warp's sums in its first team's slots; then one thread per column adds, in
+  // order, the warps' sums (every team's, for the other teams). Walking all 512 one-lane teams
+  // of a block that way took a third of fp32 layer_norm's backward at 262144x16.
   constexpr bool kWarpButterfly = kTeam == TeamKind::kWarpPart && Acc::kChunk == 4;
   const int warp_teams = kWarpButterfly ? kWarp / g : 1;
   if constexpr (kWarpButterfly) {
