@@ -5,7 +5,8 @@
 #              take a machine-wide lock), then the property tests at the large hypothesis profile
 #   sanitizer  compute-sanitizer memcheck / racecheck / initcheck on each op's kernel tests
 #   demo       python -m fusedops.demo on the predictor and GPT-2 (bench/results/demo-<gpu>-*)
-#   bench      kernel benchmark (+ host cost table), MLP and FullyFusedMLP benchmarks, kernel
+#   bench      kernel benchmark (+ host cost table), the norms' short and model-width rows
+#              beside torch (bench/norm_shapes.py), MLP and FullyFusedMLP benchmarks, kernel
 #              resource report
 #   dist       tests/test_distributed.py (DDP and FSDP2; needs 2 GPUs)
 # Logs and results go to $RESULTS (default: build/gpu_check). Usage:
@@ -109,6 +110,8 @@ demo() {
 bench() {
   local rc=0
   python3 -m fusedops.bench --out "$RESULTS" "$@" 2>&1 | tee "$RESULTS/bench.log" | tail -80
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  python3 bench/norm_shapes.py 2>&1 | tee "$RESULTS/norm_shapes.log" | tail -80
   [ "${PIPESTATUS[0]}" = 0 ] || rc=1
   python3 -m fusedops.bench_mlp --no-max-autotune --out "$RESULTS" 2>&1 |
     tee "$RESULTS/bench_mlp.log" | tail -45
