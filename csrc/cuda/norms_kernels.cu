@@ -259,13 +259,22 @@ __device__ __forceinline__ void normalize_pack(const A (&v)[VEC], A mu, A rs, co
 
 // A backward team's fp32 dweight (dbias) sums in shared memory: for each thread, kPacks x VEC
 // floats, stored [pack][group of 4 elements][thread] as float4 (scalars: [pack][thread]) so that
-// a warp's accesses are contiguous and conflict-free.
-template <int VEC, int kPacks>
+// a warp's accesses are contiguous and conflict-free. Block teams stride the slots by
+// kBwdMaxThreads: their addresses are then immediates off one register, where a stride of
+// blockDim.x kept one register per slot live through the row loop (spills at 64 registers).
+template <int VEC, int kPacks, bool kFixedStride = false>
 struct BwdAcc {
   static constexpr int kChunk = VEC % 4 == 0 ? 4 : 1;
-  __host__ __device__ static constexpr int floats(int threads) { return threads * kPacks * VEC; }
+  static constexpr int kSlots = kPacks * VEC / kChunk;
+  __host__ __device__ static constexpr int stride(int threads) {
+    return kFixedStride ? kBwdMaxThreads : threads;
+  }
+  __host__ __device__ static constexpr int floats(int threads) {
+    return ((kSlots - 1) * stride(threads) + threads) * kChunk;
+  }
   __device__ static int index(int p, int j, int tid) {
-    return ((p * (VEC / kChunk) + j / kChunk) * int(blockDim.x) + tid) * kChunk + j % kChunk;
+    return ((p * (VEC / kChunk) + j / kChunk) * stride(int(blockDim.x)) + tid) * kChunk +
+           j % kChunk;
   }
   __device__ static void load(const float* acc, int p, float (&v)[VEC]) {
 #pragma unroll
@@ -585,14 +594,14 @@ constexpr int bwd_min_blocks(int packs, int vec) { return packs * vec < kBwdLong
 template <typename T, typename W, bool kRms, int VEC, int kPacks, TeamKind kTeam>
 __global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
     norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
-  extern __shared__ float4 acc_smem[];  // BwdAcc<VEC, kPacks>::floats(blockDim.x) per sum
+  extern __shared__ float4 acc_smem[];  // Acc::floats(blockDim.x) per sum
   __shared__ float2 scratch[kWarp];
   // Warp rows: the block's copy of w (packs [0, kWarp * kPacks)), read in each pass. Read from
   // global memory, each row's weights were loaded and widened beside its x and dy, up to 16 more
   // live registers at the 64-register cap (spills in the row loop).
   constexpr bool kStageW = kTeam != TeamKind::kBlock;
   __shared__ Pack<W, VEC> staged_w[kStageW ? kWarp * kPacks : 1];
-  using Acc = BwdAcc<VEC, kPacks>;
+  using Acc = BwdAcc<VEC, kPacks, kTeam == TeamKind::kBlock>;
   const Team team = make_team<kTeam>(part.group);
   sm90::ClusterExchange cluster(team.ranks);
   sm90::grid_dependency_wait();
@@ -1251,8 +1260,11 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   if constexpr (kRegisterTiers<T>) {
     constexpr int kPacks = VEC > 1 ? 16 / VEC : kBwdScalars;
     constexpr int kLongPacks = VEC > 1 ? kBwdLongElems / VEC : kBwdScalars;
-    auto smem = [](int threads, int packs) {  // the dweight (and dbias) sums
-      return size_t(threads) * packs * VEC * (kRms ? 1 : 2) * sizeof(float);
+    auto smem = [](int threads, int packs, bool block) {  // the dweight (and dbias) sums
+      const int floats = !block            ? BwdAcc<VEC, kPacks>::floats(threads)
+                         : packs == kPacks ? BwdAcc<VEC, kPacks, true>::floats(threads)
+                                           : BwdAcc<VEC, kLongPacks, true>::floats(threads);
+      return size_t(floats) * (kRms ? 1 : 2) * sizeof(float);
     };
     const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
     const TeamShape s = team_shape(a.cols, VEC, {kPacks, kLongPacks}, kBwdMaxThreads, max_ranks);
@@ -1260,7 +1272,7 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
       const int lanes = bwd_row_lanes(ceil_div(a.cols, VEC), kPacks, kRms);
       p = {lanes == kWarp ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarp>
                           : norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarpPart>,
-           {0, kBwdMaxThreads, smem(kBwdMaxThreads, kPacks), 1},
+           {0, kBwdMaxThreads, smem(kBwdMaxThreads, kPacks, false), 1},
            lanes,
            false,
            0};
@@ -1268,7 +1280,7 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
       const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
       p = {s.packs == kPacks ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kBlock>
                              : norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, TeamKind::kBlock>,
-           {0, threads, smem(threads, s.packs), s.ranks},
+           {0, threads, smem(threads, s.packs, true), s.ranks},
            s.threads,
            false,
            0};
