@@ -442,6 +442,7 @@ TIER_COLS = [8, 200, 500, 1000, 4096, 8200, 20000, 40000, 131072, 140000, 262144
 TIER_COLS += [33, 1001, 4097, 9001, 70001]
 TIER_COLS += [16, 24, 64, 96, 128]  # rows of fewer packs than a warp's lanes: teams of 2-16 lanes
 TIER_COLS += [256]  # 16-bit layer_norm backward: half warps of 2 packs
+TIER_COLS += [520, 768]  # backward: a warp per row of 17-24 elements per lane (1000: 25-32)
 
 
 @cuda_only

@@ -50,7 +50,8 @@ constexpr int kFwdWarpRowsPerBlock = 4;
 constexpr int kFwdClusterThreads = 512;  // per block of a forward cluster team (see norm_fwd_vec)
 constexpr int kBwdMaxThreads = 512;      // per block; backward teams hold 16 elements per thread
 constexpr int kBwdScalars = 8;           // (x and dy), 8 when rows aren't aligned,
-constexpr int kBwdLongElems = 32;        // 32 in a warp's rows of 17-32 per lane, and in rows a
+constexpr int kBwdMidElems = 24;         // 24 in a warp's rows of 17-24 per lane,
+constexpr int kBwdLongElems = 32;        // 32 in a warp's rows of 25-32 per lane, and in rows a
                                          // cluster of 16-element teams can't hold
 constexpr int kLoopThreads = 512;
 constexpr int kLoopUnroll = 4;  // packs in flight per thread in the looping kernels
@@ -263,19 +264,24 @@ __device__ __forceinline__ void normalize_pack(const A (&v)[VEC], A mu, A rs, co
 // a warp's accesses are contiguous and conflict-free. Block teams stride the slots by
 // kBwdMaxThreads: their addresses are then immediates off one register, where a stride of
 // blockDim.x kept one register per slot live through the row loop (spills at 64 registers).
+constexpr int bwd_acc_chunk(int vec) { return vec % 4 == 0 ? 4 : 1; }
+constexpr int bwd_acc_stride(int threads, bool fixed_stride) {
+  return fixed_stride ? kBwdMaxThreads : threads;
+}
+// Floats of one sum for a block of `threads`.
+constexpr int bwd_acc_floats(int threads, int packs, int vec, bool fixed_stride) {
+  const int slots = packs * vec / bwd_acc_chunk(vec);
+  return ((slots - 1) * bwd_acc_stride(threads, fixed_stride) + threads) * bwd_acc_chunk(vec);
+}
 template <int VEC, int kPacks, bool kFixedStride = false>
 struct BwdAcc {
-  static constexpr int kChunk = VEC % 4 == 0 ? 4 : 1;
-  static constexpr int kSlots = kPacks * VEC / kChunk;
-  __host__ __device__ static constexpr int stride(int threads) {
-    return kFixedStride ? kBwdMaxThreads : threads;
-  }
-  __host__ __device__ static constexpr int floats(int threads) {
-    return ((kSlots - 1) * stride(threads) + threads) * kChunk;
+  static constexpr int kChunk = bwd_acc_chunk(VEC);
+  __device__ static int floats(int threads) {
+    return bwd_acc_floats(threads, kPacks, VEC, kFixedStride);
   }
   __device__ static int index(int p, int j, int tid) {
-    return ((p * (VEC / kChunk) + j / kChunk) * stride(int(blockDim.x)) + tid) * kChunk +
-           j % kChunk;
+    const int slot = p * (VEC / kChunk) + j / kChunk;
+    return (slot * bwd_acc_stride(int(blockDim.x), kFixedStride) + tid) * kChunk + j % kChunk;
   }
   __device__ static void load(const float* acc, int p, float (&v)[VEC]) {
 #pragma unroll
@@ -588,12 +594,16 @@ struct PartialRows {
 // would hold 2 * 16 more floats per thread and halve the blocks per SM); at the end the teams of
 // a block are summed in a fixed order into the block's partial row, or each block of a cluster
 // team writes its columns of the cluster's partial row.
-// Two blocks per SM (<= 64 registers per thread); one for the 32-element teams, whose dweight and
-// dbias sums take 128 KB of shared memory anyway.
+// Two blocks per SM: of 512 threads (<= 64 registers per thread) for 16-element teams, of 384
+// (<= 80) for 24-element warp teams; one for the 32-element teams, whose dweight and dbias sums
+// take 128 KB of shared memory anyway.
 constexpr int bwd_min_blocks(int packs, int vec) { return packs * vec < kBwdLongElems ? 2 : 1; }
+constexpr int bwd_threads(int packs, int vec) {
+  return packs * vec == kBwdMidElems ? 384 : kBwdMaxThreads;
+}
 
 template <typename T, typename W, bool kRms, int VEC, int kPacks, TeamKind kTeam>
-__global__ void __launch_bounds__(kBwdMaxThreads, bwd_min_blocks(kPacks, VEC))
+__global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPacks, VEC))
     norm_bwd_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
   extern __shared__ float4 acc_smem[];  // Acc::floats(blockDim.x) per sum
   __shared__ float2 scratch[kWarp];
@@ -1255,6 +1265,11 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
 // teams load and reduce in step. H100, 65536 rows, µs, block -> warp teams: bf16 layer_norm
 // 640 / 768 columns 125.6 / 130.2 -> 112.4 / 123.4, fp32 rms_norm 1024 295.2 -> 286.3, 4096 rows
 // of 768 / 1024 8-16% faster; slower: bf16 rms_norm 896 / 1024 131.6 / 144.0 -> 135.8 / 146.4.
+// Rows of 17-24 per lane then took warps of 3 (fp32: 6) packs in two 384-thread blocks per SM
+// (80 registers; at 64, 18-54 local loads/stores in the row loop): 65536x640 / x768, µs, bf16
+// layer_norm 113.2 / 124.3 -> 99.3 / 113.0, fp32 201.5 / 236.2 -> 191.3 / 225.9; slower: fp16
+// 65536x768 115.1 / 110.2 -> 121.8 / 117.9 (layer_norm / rms_norm), fp32 layer_norm 4096x768
+// 16.3 -> 17.6.
 template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   BwdPlan<T, W> p{};
@@ -1265,13 +1280,10 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   }
   if constexpr (kRegisterTiers<T>) {
     constexpr int kPacks = VEC > 1 ? 16 / VEC : kBwdScalars;
+    constexpr int kMidPacks = VEC > 1 ? kBwdMidElems / VEC : kBwdScalars;
     constexpr int kLongPacks = VEC > 1 ? kBwdLongElems / VEC : kBwdScalars;
     auto smem = [](int threads, int packs, bool block) {  // the dweight (and dbias) sums
-      const int floats = packs == kPacks ? (block ? BwdAcc<VEC, kPacks, true>::floats(threads)
-                                                  : BwdAcc<VEC, kPacks>::floats(threads))
-                                         : (block ? BwdAcc<VEC, kLongPacks, true>::floats(threads)
-                                                  : BwdAcc<VEC, kLongPacks>::floats(threads));
-      return size_t(floats) * (kRms ? 1 : 2) * sizeof(float);
+      return size_t(bwd_acc_floats(threads, packs, VEC, block)) * (kRms ? 1 : 2) * sizeof(float);
     };
     const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
     const TeamShape s = team_shape(a.cols, VEC, {kPacks, kLongPacks}, kBwdMaxThreads, max_ranks);
@@ -1281,6 +1293,12 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
                           : norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarpPart>,
            {0, kBwdMaxThreads, smem(kBwdMaxThreads, kPacks, false), 1},
            lanes,
+           false,
+           0};
+    } else if (a.cols <= kWarp * kMidPacks * VEC) {
+      p = {norm_bwd_kernel<T, W, kRms, VEC, kMidPacks, TeamKind::kWarp>,
+           {0, bwd_threads(kMidPacks, VEC), smem(bwd_threads(kMidPacks, VEC), kMidPacks, false), 1},
+           kWarp,
            false,
            0};
     } else if (a.cols <= kWarp * kLongPacks * VEC) {
