@@ -163,7 +163,7 @@ __device__ __forceinline__ float activate(MlpActivation act, float v) {
     case MlpActivation::kGelu:
       return gelu_erf_fast(v);
     case MlpActivation::kGeluTanh:
-      return gelu_tanh(v);
+      return gelu_tanh_fast(v);
     default:
       return v;
   }
@@ -178,7 +178,7 @@ __device__ __forceinline__ float activate_grad(MlpActivation act, float src) {
     case MlpActivation::kGelu:
       return gelu_erf_grad_fast(src);
     case MlpActivation::kGeluTanh:
-      return gelu_tanh_grad(src);
+      return gelu_tanh_grad_fast(src);
     default:
       return 1.f;
   }
