@@ -1295,19 +1295,19 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
            lanes,
            false,
            0};
-    } else if (a.cols <= kWarp * kMidPacks * VEC) {
-      p = {norm_bwd_kernel<T, W, kRms, VEC, kMidPacks, TeamKind::kWarp>,
-           {0, bwd_threads(kMidPacks, VEC), smem(bwd_threads(kMidPacks, VEC), kMidPacks, false), 1},
-           kWarp,
-           false,
-           0};
     } else if (a.cols <= kWarp * kLongPacks * VEC) {
-      p = {norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, TeamKind::kWarp>,
-           {0, kBwdMaxThreads, smem(kBwdMaxThreads, kLongPacks, false), 1},
+      const int packs = a.cols <= kWarp * kMidPacks * VEC ? kMidPacks : kLongPacks;
+      const int threads = bwd_threads(packs, VEC);
+      p = {packs == kMidPacks ? norm_bwd_kernel<T, W, kRms, VEC, kMidPacks, TeamKind::kWarp>
+                              : norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, TeamKind::kWarp>,
+           {0, threads, smem(threads, packs, false), 1},
            kWarp,
            false,
            0};
-    } else if (s.ranks > 0) {
+      if (size_bwd_grid(p, a.rows, info)) return p;
+      p = {};  // their 72-128 KB of sums may not fit a block (99 KB on sm_86): block teams next
+    }
+    if (p.kernel == nullptr && s.ranks > 0) {
       const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
       p = {s.packs == kPacks ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kBlock>
                              : norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, TeamKind::kBlock>,
