@@ -264,12 +264,13 @@ __device__ __forceinline__ void normalize_pack(const A (&v)[VEC], A mu, A rs, co
 // a warp's accesses are contiguous and conflict-free. Block teams stride the slots by
 // kBwdMaxThreads: their addresses are then immediates off one register, where a stride of
 // blockDim.x kept one register per slot live through the row loop (spills at 64 registers).
-constexpr int bwd_acc_chunk(int vec) { return vec % 4 == 0 ? 4 : 1; }
-constexpr int bwd_acc_stride(int threads, bool fixed_stride) {
+__host__ __device__ constexpr int bwd_acc_chunk(int vec) { return vec % 4 == 0 ? 4 : 1; }
+__host__ __device__ constexpr int bwd_acc_stride(int threads, bool fixed_stride) {
   return fixed_stride ? kBwdMaxThreads : threads;
 }
 // Floats of one sum for a block of `threads`.
-constexpr int bwd_acc_floats(int threads, int packs, int vec, bool fixed_stride) {
+__host__ __device__ constexpr int bwd_acc_floats(int threads, int packs, int vec,
+                                                 bool fixed_stride) {
   const int slots = packs * vec / bwd_acc_chunk(vec);
   return ((slots - 1) * bwd_acc_stride(threads, fixed_stride) + threads) * bwd_acc_chunk(vec);
 }
