@@ -1283,39 +1283,34 @@ BwdPlan<T, W> bwd_plan_vec(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
     constexpr int kPacks = VEC > 1 ? 16 / VEC : kBwdScalars;
     constexpr int kMidPacks = VEC > 1 ? kBwdMidElems / VEC : kBwdScalars;
     constexpr int kLongPacks = VEC > 1 ? kBwdLongElems / VEC : kBwdScalars;
-    auto smem = [](int threads, int packs, bool block) {  // the dweight (and dbias) sums
-      return size_t(bwd_acc_floats(threads, packs, VEC, block)) * (kRms ? 1 : 2) * sizeof(float);
+    // A plan whose blocks of `threads` keep `packs` packs' dweight (and dbias) sums per thread.
+    auto team_plan = [](decltype(p.kernel) kernel, int threads, int packs, bool block, int ranks,
+                        int group) -> BwdPlan<T, W> {
+      const size_t sums = size_t(bwd_acc_floats(threads, packs, VEC, block)) * (kRms ? 1 : 2);
+      return {kernel, {0, threads, sums * sizeof(float), ranks}, group, false, 0};
     };
     const int max_ranks = info.has_clusters() ? kMaxBwdClusterRanks : 1;
     const TeamShape s = team_shape(a.cols, VEC, {kPacks, kLongPacks}, kBwdMaxThreads, max_ranks);
     if (a.cols <= kWarp * kPacks * VEC) {
       const int lanes = bwd_row_lanes(ceil_div(a.cols, VEC), kPacks, kRms);
-      p = {lanes == kWarp ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarp>
-                          : norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarpPart>,
-           {0, kBwdMaxThreads, smem(kBwdMaxThreads, kPacks, false), 1},
-           lanes,
-           false,
-           0};
+      p = team_plan(lanes == kWarp ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarp>
+                                   : norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kWarpPart>,
+                    kBwdMaxThreads, kPacks, false, 1, lanes);
     } else if (a.cols <= kWarp * kLongPacks * VEC) {
       const int packs = a.cols <= kWarp * kMidPacks * VEC ? kMidPacks : kLongPacks;
-      const int threads = bwd_threads(packs, VEC);
-      p = {packs == kMidPacks ? norm_bwd_kernel<T, W, kRms, VEC, kMidPacks, TeamKind::kWarp>
-                              : norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, TeamKind::kWarp>,
-           {0, threads, smem(threads, packs, false), 1},
-           kWarp,
-           false,
-           0};
+      p = team_plan(packs == kMidPacks
+                        ? norm_bwd_kernel<T, W, kRms, VEC, kMidPacks, TeamKind::kWarp>
+                        : norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, TeamKind::kWarp>,
+                    bwd_threads(packs, VEC), packs, false, 1, kWarp);
       if (size_bwd_grid(p, a.rows, info)) return p;
       p = {};  // their 72-128 KB of sums may not fit a block (99 KB on sm_86): block teams next
     }
     if (p.kernel == nullptr && s.ranks > 0) {
       const int threads = s.ranks > 1 ? s.threads : kBwdMaxThreads / s.threads * s.threads;
-      p = {s.packs == kPacks ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kBlock>
-                             : norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, TeamKind::kBlock>,
-           {0, threads, smem(threads, s.packs, true), s.ranks},
-           s.threads,
-           false,
-           0};
+      p = team_plan(s.packs == kPacks
+                        ? norm_bwd_kernel<T, W, kRms, VEC, kPacks, TeamKind::kBlock>
+                        : norm_bwd_kernel<T, W, kRms, VEC, kLongPacks, TeamKind::kBlock>,
+                    threads, s.packs, true, s.ranks, s.threads);
     }
   }
   if (p.kernel != nullptr && size_bwd_grid(p, a.rows, info)) return p;
