@@ -432,9 +432,9 @@ def test_cuda_bad_inputs():
 # of 512 threads (<= 131072), then of up to 1024 (<= 262144), and the looping kernel beyond
 # (on sm_90+ the staged forward takes 16-byte-aligned rows of 8 KB up to 8 slices of shared
 # memory: fp32 262144 as 8 slices of 128 KB); backward on sm_90+ the staged kernel (bf16 4096
-# as one block, 131072 as 16 blocks of 512; fp32 4096; fp32 layer_norm 131072 as 16 blocks of
-# 1024), else warp teams (<= 512), block teams (<= 8192), clusters of up to 16 (<= 131072; 32
-# elements per thread <= 262144), looping;
+# as one block, 131072 as 16 blocks of 512; fp32 4096, 131072, and 262144 in one stage
+# refilled chunk by chunk), else warp teams (<= 512), block teams (<= 8192), clusters of up to
+# 16 (<= 131072; 32 elements per thread <= 262144), looping;
 # and odd lengths, which take the unaligned (scalar) variant of each (forward <= 128 / 8192 /
 # 65536, backward <= 256 / 4096 / 65536). Without clusters (before sm_90) the long rows take the
 # looping kernels.
@@ -483,6 +483,8 @@ def test_cuda_staged_params(dtype, cols, mode, op):
         (torch.float32, 49152, 5),
         (torch.bfloat16, 262144, 40),
         (torch.float16, 262144, 40),
+        (torch.float32, 262144, 40),
+        (torch.float32, 200000, 40),
     ],
     ids=str,
 )
@@ -492,7 +494,8 @@ def test_cuda_staged_backward_runs_staged(dtype, cols, rows, op):
     12 KB slices, two stages of x and dy) needs, with the kernel's static shared memory, the
     opt-in that larger sizes take: without it the register tier ran instead. 16-bit rows of
     262144 take 4 packs per thread read from the stage; 40 rows make each cluster refill both
-    stages."""
+    stages. fp32 rows over 131072 take 8 packs in one stage refilled chunk by chunk (200000: 416
+    threads, a last chunk of 213 packs)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the staged backward needs sm_90+")
     x = torch.randn(rows, cols, dtype=dtype, device="cuda")
@@ -512,24 +515,29 @@ def test_cuda_staged_backward_runs_staged(dtype, cols, rows, op):
 @cuda_only
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_long_rows_walked_by_clusters(op):
-    """fp32 rows of 262144, too long for the staged backward (sm_90+: register-tier clusters of
-    16 blocks, 32 elements per thread): 40 rows make each cluster walk several (kernel_tiers
-    gives each cluster one row at most)."""
-    x = torch.randn(40, 262144, device="cuda")
-    _check(op, x, [262144], *_params(op, "same", 262144, torch.float32, "cuda"), 1e-5)
+    """fp32 rows of 262140, which don't split into 16 equal 16-byte slices for the staged
+    backward (sm_90+: register-tier clusters of 16 blocks, 32 elements per thread): 40 rows make
+    each cluster walk several (kernel_tiers gives each cluster one row at most)."""
+    x = torch.randn(40, 262140, device="cuda")
+    _check(op, x, [262140], *_params(op, "same", 262140, torch.float32, "cuda"), 1e-5)
 
 
 @cuda_only
 @pytest.mark.parametrize(
     "dtype,cols",
-    [(torch.bfloat16, 40000), (torch.float32, 8192), (torch.bfloat16, 262144)],
+    [
+        (torch.bfloat16, 40000),
+        (torch.float32, 8192),
+        (torch.bfloat16, 262144),
+        (torch.float32, 262144),
+    ],
     ids=str,
 )
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_backward_weight_grad_only(dtype, cols, op):
-    """dweight / dbias with no dx: cluster teams (bf16 40000; fp32 8192 and bf16 262144 on
+    """dweight / dbias with no dx: cluster teams (bf16 40000; fp32 8192, bf16 and fp32 262144 on
     sm_90+) that reduce nothing across their blocks must still start and finish together (and
-    the staged kernel still refill its stages)."""
+    the staged kernel still refill its stages, fp32 262144's after the first pass)."""
     x = torch.randn(64, cols, dtype=dtype, device="cuda")
     w, b = _params(op, "same", cols, dtype, "cuda")
     params = [t.requires_grad_() for t in (w, b) if t is not None]

@@ -798,6 +798,12 @@ constexpr int kBwdStagedMinRowBytes = 8 << 10;
 // 97 / 88 -> 97 / 98; 512x262144 bf16 58 / 60 -> 85 / 95, fp16 55 / 56 -> 86 / 91.
 constexpr int kBwdStagedPacks = 2, kBwdStagedThreads = 256;
 constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
+// Longer fp32 rows (up to 262144 columns) take blocks of 512 owning 8 packs (kBwdLongElems per
+// thread, as the 16-bit 4 packs) with one stage, whose chunks (pack k of every thread) are
+// refilled with the next row's as the second pass reads them: two stages would take 256 KB.
+// They replaced the register cluster tier, which issued a row's loads only once the previous
+// row was done: H100, % of copy, layer_norm / rms_norm 512x262144 62 / 69 -> 91 / 95
+// (kernel-only).
 // Two blocks per SM for the 2-pack kernel (its registers allow two; one at 4 packs), and no more:
 // each block asks for a third of the SM's shared memory or more, where three or four would have
 // fit. H100, % of copy, against as many as fit: fp16 rms_norm (80 registers: three fit) 16384x4096
@@ -810,19 +816,25 @@ constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
 constexpr int kBwdStagedBlocksPerSm = 2;
 template <int kPacks>
 constexpr int staged_bwd_min_blocks() {
-  return kPacks == kBwdStagedLongPacks ? 1 : kBwdStagedBlocksPerSm;
+  return kPacks == kBwdStagedPacks ? kBwdStagedBlocksPerSm : 1;
 }
 template <int kPacks>
 constexpr int staged_bwd_threads() {
-  return kPacks == kBwdStagedLongPacks ? kBwdStagedLongThreads : kBwdStagedThreads;
+  return kPacks == kBwdStagedPacks ? kBwdStagedThreads : kBwdStagedLongThreads;
+}
+__host__ __device__ constexpr int staged_bwd_stages(int packs) {
+  return packs > kBwdStagedLongPacks ? 1 : kBwdStages;
 }
 
 template <typename T, typename W, bool kRms, int VEC, int kPacks>
 __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_blocks<kPacks>())
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kStages = staged_bwd_stages(kPacks);
+  // Two stages are refilled whole, one chunk by chunk (chunk k: pack k of every thread).
+  constexpr int kChunks = kStages == 1 ? kPacks : 1;
   extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
-  __shared__ uint64_t landed[kBwdStages];
+  __shared__ uint64_t landed[kStages][kChunks];
   __shared__ float2 scratch[kWarp];
   constexpr bool kRowInRegisters = kPacks == kBwdStagedPacks;  // else read from the stage
   const Team team = make_team<TeamKind::kBlock>(blockDim.x);
@@ -831,20 +843,34 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
   const int rank = team.t / blockDim.x, tid = threadIdx.x;
   const int64_t cols = a.cols;
   const int slice_packs = static_cast<int>(cols / VEC / team.ranks);
-  const unsigned slice_bytes = unsigned(slice_packs) * unsigned(VEC * sizeof(T));
+  const int chunk_packs = kChunks == 1 ? slice_packs : static_cast<int>(blockDim.x);
   const int64_t col0 = int64_t(rank) * slice_packs * VEC;
   const int64_t first = blockIdx.x / team.ranks, step = gridDim.x / team.ranks;
-  auto stage = [&](int s) { return reinterpret_cast<T*>(staged + 2 * s * size_t(slice_bytes)); };
+  auto stage = [&](int s) {
+    return reinterpret_cast<T*>(staged) + int64_t(2 * s) * slice_packs * VEC;
+  };
+  auto chunk_size = [&](int c) {  // packs; 0 for chunks past a short slice (never fetched)
+    return max(0, min(chunk_packs, slice_packs - c * chunk_packs));
+  };
+  auto fetch_chunk = [&](int64_t row, int s, int c) {  // thread 0: chunk c of `row`'s slices
+    const unsigned bytes = unsigned(chunk_size(c)) * unsigned(VEC * sizeof(T));
+    const int64_t off = int64_t(c) * chunk_packs * VEC;
+    if (bytes == 0) return;
+    sm90::mbar_arrive_expect(&landed[s][c], 2 * bytes);
+    sm90::bulk_load(stage(s) + off, a.x + row * cols + col0 + off, bytes, &landed[s][c]);
+    sm90::bulk_load(stage(s) + slice_packs * VEC + off, a.dy + row * cols + col0 + off, bytes,
+                    &landed[s][c]);
+  };
   auto fetch = [&](int64_t row, int s) {  // thread 0: x and dy slices of `row` into stage s
-    sm90::mbar_arrive_expect(&landed[s], 2 * slice_bytes);
-    sm90::bulk_load(stage(s), a.x + row * cols + col0, slice_bytes, &landed[s]);
-    sm90::bulk_load(stage(s) + slice_packs * VEC, a.dy + row * cols + col0, slice_bytes,
-                    &landed[s]);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) fetch_chunk(row, s, c);
   };
   if (tid == 0) {
-    for (int s = 0; s < kBwdStages; ++s) sm90::mbar_init(&landed[s]);
+    for (int s = 0; s < kStages; ++s) {
+      for (int c = 0; c < kChunks; ++c) sm90::mbar_init(&landed[s][c]);
+    }
     sm90::fence_mbar_init();
-    for (int s = 0; s < kBwdStages && first + s * step < a.rows; ++s) fetch(first + s * step, s);
+    for (int s = 0; s < kStages && first + s * step < a.rows; ++s) fetch(first + s * step, s);
   }
   // The weights, widened where used: held in fp32 at 2 packs per thread, as stored at 4, where
   // the sums fill the registers (fp16 weights widened at each use cost the 2-pack layer_norm
@@ -870,10 +896,13 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
 
   int i = 0;
   for (int64_t row = first; row < a.rows; row += step, ++i) {
-    const int s = i % kBwdStages;
+    const int s = i % kStages;
     const float mu = kRms ? 0.f : a.mean[row], rs = a.rstd[row];
-    sm90::mbar_wait(&landed[s], (i / kBwdStages) & 1);
-    const int64_t next = row + kBwdStages * step;
+    auto wait = [&](int c) {  // chunk c of stage s has landed
+      if (chunk_size(c) > 0) sm90::mbar_wait(&landed[s][c], (i / kStages) & 1);
+    };
+    if constexpr (kChunks == 1) wait(0);
+    const int64_t next = row + kStages * step;
     auto refill = [&] {  // stage s is no longer read: a later row's slices go in
       __syncthreads();
       if (tid == 0 && next < a.rows) fetch(next, s);
@@ -909,6 +938,7 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
     float2 sum{0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
+      if constexpr (kChunks > 1) wait(k);
       float xh[VEC], d[VEC], wv[VEC];
       xh_dy(k, xh, d);
       widen(w[k], wv);
@@ -926,9 +956,13 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
 #pragma unroll
       for (int k = 0; k < kPacks; ++k) {
         const int p = tid + k * blockDim.x;
+        float xh[VEC], d[VEC], wv[VEC], out[VEC];
+        xh_dy(k, xh, d);
+        if constexpr (kChunks > 1) {  // every thread has read chunk k: the next row's goes in
+          __syncthreads();
+          if (tid == 0 && next < a.rows) fetch_chunk(next, s, k);
+        }
         if (p < slice_packs) {
-          float xh[VEC], d[VEC], wv[VEC], out[VEC];
-          xh_dy(k, xh, d);
           widen(w[k], wv);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) out[j] = rs * (d[j] * wv[j] - c1 - xh[j] * c2);
@@ -936,7 +970,9 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
         }
       }
     }
-    if constexpr (!kRowInRegisters) refill();
+    if constexpr (!kRowInRegisters) {
+      if (kChunks == 1 || a.dx == nullptr) refill();
+    }
   }
   cluster.close();
   const int64_t part_row = int64_t(blockIdx.x / team.ranks) * part.ld + col0;
@@ -1244,6 +1280,7 @@ template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < kBwdStagedMinRowBytes) return {};
   constexpr int kPacks = kBwdStagedPacks, kLongPacks = kBwdStagedLongPacks;
+  constexpr int kChunkedPacks = kBwdLongElems / VEC;  // fp32: 8; 16-bit: kLongPacks, above
   void (*kernel)(NormBwdArgs<T, W>, PartialRows<float>) =
       norm_bwd_staged_kernel<T, W, kRms, VEC, kPacks>;
   TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdStagedThreads, kMaxBwdClusterRanks);
@@ -1251,8 +1288,14 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
     s = team_shape(a.cols, VEC, {kLongPacks}, kBwdStagedLongThreads, kMaxBwdClusterRanks);
     kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kLongPacks>;
   }
+  if constexpr (kChunkedPacks > kLongPacks) {
+    if (s.ranks == 0) {
+      s = team_shape(a.cols, VEC, {kChunkedPacks}, kBwdStagedLongThreads, kMaxBwdClusterRanks);
+      kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kChunkedPacks>;
+    }
+  }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
-  size_t smem = size_t(kBwdStages) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
+  size_t smem = size_t(staged_bwd_stages(s.packs)) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
   if (s.packs == kPacks) {  // no more than kBwdStagedBlocksPerSm blocks per SM
     smem = std::max(smem, size_t(info.smem_per_sm / (kBwdStagedBlocksPerSm + 1)));
   }
