@@ -65,7 +65,7 @@ bool use_vec(int64_t cols, std::initializer_list<const void*> ptrs) {
   return true;
 }
 
-// GELU (kGrad: GELU') in acc_t<T>: fp16/bf16 take math.h's branch-free erf, whose error (< 1.2e-7
+// GELU (kGrad: GELU') in acc_t<T>: fp16/bf16 take math.h's branch-free erf, whose error (< 2e-5
 // relative) their rounding hides and which needs fewer instructions than erff (this kernel was
 // issue-bound with erff on an H200), and its sigmoid form of the tanh GELU (H100, bf16 forward
 // kernel-only 4096x1024 63.5 -> 68.3% of copy, longer rows +0.3-0.7 points; the backward, DRAM-
