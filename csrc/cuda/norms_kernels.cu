@@ -764,24 +764,24 @@ __global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPack
 // Backward on sm_90+ for 16-byte-aligned rows of 8 KB and more: a persistent team (a block, or
 // a cluster whose blocks each take a contiguous slice of the row) walks its rows with the next
 // kBwdStages - 1 rows' x and dy slices already on their way into shared memory (bulk copies
-// completing on an mbarrier per stage), so DRAM keeps serving this team while it reduces and
-// writes the current row; the register tiers above issue a row's loads only once the previous
-// row is done. Each thread owns kPacks packs of its block's slice (packs t and
-// t + blockDim.x): their weights and dweight/dbias sums live in registers, and at the end the
-// thread writes its columns of the team's partial row. Numerics as norm_bwd_kernel.
-// Measured on an H100 (% of copy, layer_norm / rms_norm, against the register tiers in another
-// run): bf16 rows one block holds, 16384x4096: 80-89 / 92 (83 / 87; layer_norm's GPU time there
-// is close to a backward call's host cost; 94.7 at 32768x4096); fp32 in clusters of 2 and 4
-// blocks, 4096 and 8192 columns: 88.6 / 89.8 and 86.8 / 88.5 (85 and 84 for layer_norm).
-// Clusters exchange their row sums through mailboxes (sm90.cuh): with a cluster barrier per row
-// they had taken the kernel only where four blocks shared an SM (bf16 layer_norm, 124 registers,
-// ran 2-block clusters at 70 / 72 against 81 / 86, clusters of 8-16 at 60-75 against 71-90);
-// now clusters of up to 16 blocks serve every row they hold: 4096x32768 bf16 71.5 / 75.7 -> 88.5
-// / 87.2 and fp32 90.5 / 89.2 -> 92.8 / 92.7 (register tiers with the old exchange -> this
-// kernel). Capping registers to fit more blocks spilled and lost: bf16 at 80 registers,
-// 16384x4096, 74 / 77; so did, at 1024x131072, 16 blocks of 1024 threads owning one pack each
-// (64 registers) in place of 16 of 512 owning two (100-119): bf16 74.7 / 82.8 -> 64.2 / 70.9,
-// fp16 73.6 / 79.6 -> 58.4 / 69.6.
+// completing on an mbarrier per stage; with one stage, the next row's chunks as this row's are
+// read: staged_bwd_stages), so DRAM keeps serving this team while it reduces and writes the
+// current row; the register tiers above issue a row's loads only once the previous row is done.
+// Each thread owns kPacks packs of its block's slice (packs t and t + blockDim.x): their weights
+// and dweight/dbias sums live in registers, and at the end the thread writes its columns of the
+// team's partial row. Numerics as norm_bwd_kernel. Measured on an H100 (% of copy, layer_norm /
+// rms_norm, against the register tiers in another run): bf16 rows one block holds, 16384x4096:
+// 80-89 / 92 (83 / 87; layer_norm's GPU time there is close to a backward call's host cost; 94.7 at
+// 32768x4096); fp32 in clusters of 2 and 4 blocks, 4096 and 8192 columns: 88.6 / 89.8 and 86.8
+// / 88.5 (85 and 84 for layer_norm). Clusters exchange their row sums through mailboxes (sm90.cuh):
+// with a cluster barrier per row they had taken the kernel only where four blocks shared an SM
+// (bf16 layer_norm, 124 registers, ran 2-block clusters at 70 / 72 against 81 / 86, clusters of
+// 8-16 at 60-75 against 71-90); now clusters of up to 16 blocks serve every row they hold:
+// 4096x32768 bf16 71.5 / 75.7 -> 88.5 / 87.2 and fp32 90.5 / 89.2 -> 92.8 / 92.7 (register tiers
+// with the old exchange -> this kernel). Capping registers to fit more blocks spilled and lost:
+// bf16 at 80 registers, 16384x4096, 74 / 77; so did, at 1024x131072, 16 blocks of 1024 threads
+// owning one pack each (64 registers) in place of 16 of 512 owning two (100-119): bf16 74.7 / 82.8
+// -> 64.2 / 70.9, fp16 73.6 / 79.6 -> 58.4 / 69.6.
 constexpr int kBwdStages = 2;
 // Rows under 8 KB keep the register tiers (the forward's engine starts at 4 KB): staged at 4 KB,
 // H100, rms_norm bf16 32768x2048 ran 89.4 -> 82.7 and fp32 65536x1024 87.9 -> 84.6.
