@@ -111,36 +111,38 @@ constexpr double kLog2e = 1.44269504088896340736;
 
 // The erf GELU for kernels bound by instruction issue (bias_gelu on fp16/bf16, the fully fused
 // MLP): Phi(x) from half the tail, 0.5 * erfc(|x| / sqrt(2)), mirrored. The tail is the fit
-// erfc(z) = t * exp(P(t) - z^2), t = 1 / (1 + 0.492 z), P of degree 5 minimax in ln(erfc) over
-// z in [0, 9.2] (relative error below 6e-6), written in x, with P's coefficients pre-scaled by
-// log2(e) and the 0.5 folded in as ln(0.5): one reciprocal, one exp2, 7 FMAs, no branch and no
-// coefficient selects (erff has nine); ~15 instructions per element against ~30 for erff. In
-// fp32 the GELU errs below 9.2e-6 relative for |x| < 6 and 1.9e-5 beyond (where -x^2 / 2 is
-// rounded), its derivative below 3.1e-6 absolute: far below the fp16/bf16 rounding (fp16's
-// half ulp: 4.9e-4) of every value those kernels write. Degree 7 (the fit before) erred 3.8e-6
-// / 1.6e-5 / 3.9e-7 for two more FMAs.
-__device__ __forceinline__ float normal_cdf(float x) {
-  constexpr double kP[] = {-1.2831340034 - 0.69314718055994530942,  // + ln(0.5)
-                           1.0236937285,
-                           0.2328019659,
-                           0.5339031939,
-                           -0.7394001733,
-                           0.2321412537};
-  constexpr int kDegree = sizeof(kP) / sizeof(kP[0]) - 1;
-  const float t = rcp_approx(fmaf(float(0.492 * kSqrt1_2), fabsf(x), 1.f));
-  float p = float(kP[kDegree] * kLog2e);
+// erfc(z) = exp(-z^2) * S(t), t = 1 / (1 + 0.509 z), S of degree 5 minimax in relative error over
+// z in [0, 9.3] (below 1.1e-5), written in x with the 0.5 folded into S: one reciprocal, one
+// exp2, 5 FMAs, no branch and no coefficient selects (erff has nine); ~15 instructions per
+// element against ~30 for erff. exp(-z^2) = exp(-x^2 / 2) is the Gaussian phi needs too, so the
+// derivative Phi + x * phi takes no second exp2 (with the tail as t * exp(P(t) - z^2) it took
+// three MUFU ops per element, now two), and the exp2 no longer waits for the polynomial. In fp32
+// the GELU errs below 1.2e-5 relative for |x| < 6 and 1.6e-5 beyond (where -x^2 / 2 is rounded),
+// its derivative below 5.4e-6 absolute: far below the fp16/bf16 rounding (fp16's half ulp:
+// 4.9e-4) of every value those kernels write. The fit and its check: scripts/fit_normal_cdf.py.
+__device__ __forceinline__ float normal_cdf(float x, float& gauss) {
+  constexpr double kS[] = {0.0004172703, 0.2797394655, 0.3394191548,
+                           0.0655987019, 0.5134598506, -0.1986451339};
+  constexpr int kDegree = sizeof(kS) / sizeof(kS[0]) - 1;
+  const float t = rcp_approx(fmaf(float(0.509 * kSqrt1_2), fabsf(x), 1.f));
+  float s = float(0.5 * kS[kDegree]);
 #pragma unroll
-  for (int i = kDegree - 1; i >= 0; --i) p = fmaf(p, t, float(kP[i] * kLog2e));
-  // z^2 = x^2 / 2
-  const float half_tail = t * ex2_approx(fmaf(x * float(-0.5 * kLog2e), x, p));
+  for (int i = kDegree - 1; i >= 0; --i) s = fmaf(s, t, float(0.5 * kS[i]));
+  gauss = ex2_approx(x * float(-0.5 * kLog2e) * x);  // exp(-z^2)
+  const float half_tail = gauss * s;
   return x > 0.f ? 1.f - half_tail : half_tail;
 }
 
-__device__ __forceinline__ float gelu_erf_fast(float x) { return x * normal_cdf(x); }
+__device__ __forceinline__ float gelu_erf_fast(float x) {
+  float gauss;
+  return x * normal_cdf(x, gauss);
+}
 
-// Phi(x) + x * phi(x), phi(x) = exp2(-x^2 / 2 * log2(e)) / sqrt(2 pi).
+// Phi(x) + x * phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi).
 __device__ __forceinline__ float gelu_erf_grad_fast(float x) {
-  return fmaf(x * float(kInvSqrt2Pi), ex2_approx(x * float(-0.5 * kLog2e) * x), normal_cdf(x));
+  float gauss;
+  const float cdf = normal_cdf(x, gauss);
+  return fmaf(x * float(kInvSqrt2Pi), gauss, cdf);
 }
 
 // The tanh GELU for the same kernels: 0.5 * (1 + tanh(u)) = s = sigmoid(2u), so gelu_tanh(x) =
