@@ -183,10 +183,11 @@ def test_gpu_dbias_deterministic(dtype, device):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("shape", [(20000, 1001), (60000, 64), (300, 3)])
+@pytest.mark.parametrize("shape", [(20000, 1001), (60000, 64), (300, 3), (2**22 + 3, 8)])
 def test_cuda_dbias_many_partial_rows(shape, dtype):
     """dbias from many per-block partial rows (their sum's block shape follows the count), of
-    a row length that isn't a multiple of 4 (the partial rows' padding is never read)."""
+    a row length that isn't a multiple of 4 (the partial rows' padding is never read), and of
+    more than 2048 of them (each thread of the sum then adds more than one batch of loads)."""
     x, b = inputs(shape, dtype, "cuda", requires_grad=True)
     dy = torch.randn(shape, dtype=dtype, device="cuda")
     _, db = torch.autograd.grad(fusedops.bias_gelu(x, b), (x, b), dy)
