@@ -88,7 +88,9 @@ inline float gelu_grad(float x, uint approx) {
     const float dinner = kSqrt2OverPi * (1.0f + kGeluCubic3 * x2);
     return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dinner;
   }
-  const float cdf = 0.5f * (1.0f + erf_as(x * kSqrt1_2));
-  const float pdf = exp(-0.5f * x * x) * kInvSqrt2Pi;
+  // phi's exponent as -u^2, as in math.h: the same exp(-u * u) as erf_as(u)'s, shared once inlined.
+  const float u = x * kSqrt1_2;
+  const float cdf = 0.5f * (1.0f + erf_as(u));
+  const float pdf = exp(-u * u) * kInvSqrt2Pi;
   return cdf + x * pdf;
 }
