@@ -3,8 +3,11 @@
 // most), by rows at a time; each thread keeps its bias pack in registers and walks kUnroll rows
 // with all loads issued before the math. Scalar packs (VEC=1) cover odd or unaligned sizes.
 // Math in fp32 (fp64 for double). dbias: per-block fp32 column partials in a workspace, then
-// partial_rows::sum adds them in a fixed order: deterministic, no atomics. The same backward
-// body without the GELU is a column sum (a bias gradient alone).
+// partial_rows::sum adds them in a fixed order: deterministic, no atomics; a grid of one block row
+// writes dbias itself. (Adding 8 block rows' sums in a cluster first cut the partial rows 8x,
+// but its barriers cost the main kernel 7% and the sum's time hardly moved: H100, bf16
+// 16384x4096 93.2 -> 88.5% of copy, bench/results/h100-bias_gelu-bwd-cluster-sums-rejected.txt.)
+// The same backward body without the GELU is a column sum (a bias gradient alone).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -128,17 +131,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The backward's body. partial (when not null) gets this block's column sums of dx:
-// partial[blockIdx.y * ld + col]. dx may be dy (written in place: each element is read, then
-// written, by the same thread), so neither is __restrict__. kSumOnly: dx = dy, of which only the
-// column sums are made (x, bias and dx unused).
+// The backward's body. Where dbias is not null, this block's column sums of dx go to
+// partial[blockIdx.y * ld + col], or straight to dbias where the grid is one block row. dx may be
+// dy (written in place: each element is read, then written, by the same thread), so neither is
+// __restrict__. kSumOnly: dx = dy, of which only the column sums are made (x, bias and dx unused).
 template <typename T, int VEC, GeluApprox kApprox, bool kSumOnly>
 __device__ __forceinline__ void bias_gelu_bwd_rows(
     const T* dy,                     // [rows, cols]
     const T* __restrict__ x,         // [rows, cols]
     const T* __restrict__ bias,      // [cols] or null
     T* dx,                           // [rows, cols]
-    acc_t<T>* __restrict__ partial,  // [gridDim.y, ld] or null
+    T* dbias,                        // [cols] or null
+    acc_t<T>* __restrict__ partial,  // [gridDim.y, ld]; unused where gridDim.y is 1
     int64_t ld, int64_t rows, int64_t cols) {
   using Acc = acc_t<T>;
   __shared__ Acc red[kThreads * VEC];  // [blockDim.y][blockDim.x * VEC]
@@ -180,7 +184,7 @@ __device__ __forceinline__ void bias_gelu_bwd_rows(
       }
     }
   }
-  if (partial == nullptr) return;    // uniform over the grid: no thread skips a barrier alone
+  if (dbias == nullptr) return;      // uniform over the grid: no thread skips a barrier alone
   const int seg = blockDim.x * VEC;  // columns this block covers
 #pragma unroll
   for (int j = 0; j < VEC; ++j) red[threadIdx.y * seg + threadIdx.x * VEC + j] = sum[j];
@@ -189,27 +193,33 @@ __device__ __forceinline__ void bias_gelu_bwd_rows(
     Acc s = Acc(0);
     for (int ty = 0; ty < int(blockDim.y); ++ty) s += red[ty * seg + c];  // fixed order
     const int64_t gcol = int64_t(blockIdx.x) * seg + c;
-    if (gcol < cols) partial[int64_t(blockIdx.y) * ld + gcol] = s;
+    if (gcol >= cols) continue;
+    if (gridDim.y == 1) {
+      dbias[gcol] = from_acc<T>(s);
+    } else {
+      partial[int64_t(blockIdx.y) * ld + gcol] = s;
+    }
   }
 }
 
 template <typename T, int VEC, GeluApprox kApprox>
 __global__ void __launch_bounds__(kThreads)
     bias_gelu_bwd_kernel(const T* dy, const T* __restrict__ x, const T* __restrict__ bias, T* dx,
-                         acc_t<T>* __restrict__ partial, int64_t ld, int64_t rows, int64_t cols) {
+                         T* dbias, acc_t<T>* __restrict__ partial, int64_t ld, int64_t rows,
+                         int64_t cols) {
   sm90::grid_dependency_wait();
-  bias_gelu_bwd_rows<T, VEC, kApprox, false>(dy, x, bias, dx, partial, ld, rows, cols);
+  bias_gelu_bwd_rows<T, VEC, kApprox, false>(dy, x, bias, dx, dbias, partial, ld, rows, cols);
 }
 
 // A bias gradient alone (fused_mlp's db1 after its DGELU GEMM, db2 where no epilogue sums it):
-// the column sums of dy, as partial rows.
+// the column sums of dy.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)
-    column_sum_kernel(const T* dy, acc_t<T>* __restrict__ partial, int64_t ld, int64_t rows,
+    column_sum_kernel(const T* dy, T* sum, acc_t<T>* __restrict__ partial, int64_t ld, int64_t rows,
                       int64_t cols) {
   sm90::grid_dependency_wait();
-  bias_gelu_bwd_rows<T, VEC, GeluApprox::kNone, true>(dy, nullptr, nullptr, nullptr, partial, ld,
-                                                      rows, cols);
+  bias_gelu_bwd_rows<T, VEC, GeluApprox::kNone, true>(dy, nullptr, nullptr, nullptr, sum, partial,
+                                                      ld, rows, cols);
 }
 
 template <typename T, int VEC, GeluApprox kApprox>
@@ -225,10 +235,9 @@ cudaError_t launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, 
                        int64_t rows, int64_t cols, const DeviceInfo& dev, cudaStream_t stream) {
   const Tiling t = make_tiling(rows, cols / VEC, kBwdRowsPerThread, dev);
   const int64_t ld = partial_rows::ld(cols);
-  const cudaError_t err =
-      launch(bias_gelu_bwd_kernel<T, VEC, kApprox>, t.grid, t.block, dev, stream, dy, x, bias, dx,
-             dbias != nullptr ? partial : nullptr, ld, rows, cols);
-  if (err != cudaSuccess || dbias == nullptr) return err;
+  const cudaError_t err = launch(bias_gelu_bwd_kernel<T, VEC, kApprox>, t.grid, t.block, dev,
+                                 stream, dy, x, bias, dx, dbias, partial, ld, rows, cols);
+  if (err != cudaSuccess || dbias == nullptr || t.grid.y == 1) return err;
   return partial_rows::sum<acc_t<T>, T>(partial, dbias, nullptr, nullptr, t.grid.y, ld, cols, dev,
                                         stream);
 }
@@ -238,9 +247,9 @@ cudaError_t launch_column_sum(const T* x, T* sum, acc_t<T>* partial, int64_t row
                               const DeviceInfo& dev, cudaStream_t stream) {
   const Tiling t = make_tiling(rows, cols / VEC, kBwdRowsPerThread, dev);
   const int64_t ld = partial_rows::ld(cols);
-  const cudaError_t err =
-      launch(column_sum_kernel<T, VEC>, t.grid, t.block, dev, stream, x, partial, ld, rows, cols);
-  if (err != cudaSuccess) return err;
+  const cudaError_t err = launch(column_sum_kernel<T, VEC>, t.grid, t.block, dev, stream, x, sum,
+                                 partial, ld, rows, cols);
+  if (err != cudaSuccess || t.grid.y == 1) return err;
   return partial_rows::sum<acc_t<T>, T>(partial, sum, nullptr, nullptr, t.grid.y, ld, cols, dev,
                                         stream);
 }
@@ -265,10 +274,11 @@ cudaError_t bias_gelu_fwd_cuda(const T* input, const T* bias, T* output, int64_t
 template <typename T>
 size_t bias_gelu_bwd_workspace_bytes(int64_t rows, int64_t cols, const DeviceInfo& dev) {
   if (rows == 0 || cols == 0) return 0;
-  // The scalar path has the same grid.y as the vector one only by accident: size for the larger.
-  const int64_t gy =
-      std::max(make_tiling(rows, ceil_div(cols, kVec16<T>), kBwdRowsPerThread, dev).grid.y,
-               make_tiling(rows, cols, kBwdRowsPerThread, dev).grid.y);
+  // The scalar path has the same grid.y as the vector one only by accident: size for the larger
+  // (nothing where both are one block row, which writes the sums itself).
+  int64_t gy = std::max(make_tiling(rows, ceil_div(cols, kVec16<T>), kBwdRowsPerThread, dev).grid.y,
+                        make_tiling(rows, cols, kBwdRowsPerThread, dev).grid.y);
+  if (gy == 1) gy = 0;
   return static_cast<size_t>(gy * partial_rows::ld(cols)) * sizeof(acc_t<T>);
 }
 

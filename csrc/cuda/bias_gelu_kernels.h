@@ -24,8 +24,8 @@ cudaError_t bias_gelu_fwd_cuda(const T* input,  // [rows, cols]
                                cudaStream_t stream);
 
 // Bytes of device workspace bias_gelu_bwd_cuda needs to produce grad_bias, and column_sum_cuda
-// (0 when rows or cols is 0). The workspace must stay valid until the launches on `stream` have
-// run.
+// (0 when rows or cols is 0, or when one block row of the kernel covers every row). The workspace
+// must stay valid until the launches on `stream` have run.
 template <typename T>
 size_t bias_gelu_bwd_workspace_bytes(int64_t rows, int64_t cols, const DeviceInfo& dev);
 
