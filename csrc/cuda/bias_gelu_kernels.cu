@@ -59,6 +59,16 @@ Tiling make_tiling(int64_t rows, int64_t packs_per_row, int64_t rows_per_thread,
           dim3(static_cast<unsigned>(gx), static_cast<unsigned>(std::max<int64_t>(gy, 1)))};
 }
 
+// The backward's tiling. Where one block row covers every row at kBwdRowsPerThread rows per
+// thread, it runs alone, even where more block rows would fill more of a wave: its column sums
+// are then dbias itself, without partial rows or the sum's launch (small batches, e.g. an MLP's
+// bias gradient over a few tokens).
+Tiling bwd_tiling(int64_t rows, int64_t packs_per_row, const DeviceInfo& dev) {
+  Tiling t = make_tiling(rows, packs_per_row, kBwdRowsPerThread, dev);
+  if (rows <= int64_t(t.block.y) * kBwdRowsPerThread) t.grid.y = 1;
+  return t;
+}
+
 template <typename T, int VEC>
 bool use_vec(int64_t cols, std::initializer_list<const void*> ptrs) {
   if (VEC == 1 || cols % VEC != 0) return false;
@@ -233,7 +243,7 @@ cudaError_t launch_fwd(const T* x, const T* bias, T* y, int64_t rows, int64_t co
 template <typename T, int VEC, GeluApprox kApprox>
 cudaError_t launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, acc_t<T>* partial,
                        int64_t rows, int64_t cols, const DeviceInfo& dev, cudaStream_t stream) {
-  const Tiling t = make_tiling(rows, cols / VEC, kBwdRowsPerThread, dev);
+  const Tiling t = bwd_tiling(rows, cols / VEC, dev);
   const int64_t ld = partial_rows::ld(cols);
   const cudaError_t err = launch(bias_gelu_bwd_kernel<T, VEC, kApprox>, t.grid, t.block, dev,
                                  stream, dy, x, bias, dx, dbias, partial, ld, rows, cols);
@@ -245,7 +255,7 @@ cudaError_t launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, 
 template <typename T, int VEC>
 cudaError_t launch_column_sum(const T* x, T* sum, acc_t<T>* partial, int64_t rows, int64_t cols,
                               const DeviceInfo& dev, cudaStream_t stream) {
-  const Tiling t = make_tiling(rows, cols / VEC, kBwdRowsPerThread, dev);
+  const Tiling t = bwd_tiling(rows, cols / VEC, dev);
   const int64_t ld = partial_rows::ld(cols);
   const cudaError_t err = launch(column_sum_kernel<T, VEC>, t.grid, t.block, dev, stream, x, sum,
                                  partial, ld, rows, cols);
@@ -276,8 +286,8 @@ size_t bias_gelu_bwd_workspace_bytes(int64_t rows, int64_t cols, const DeviceInf
   if (rows == 0 || cols == 0) return 0;
   // The scalar path has the same grid.y as the vector one only by accident: size for the larger
   // (nothing where both are one block row, which writes the sums itself).
-  int64_t gy = std::max(make_tiling(rows, ceil_div(cols, kVec16<T>), kBwdRowsPerThread, dev).grid.y,
-                        make_tiling(rows, cols, kBwdRowsPerThread, dev).grid.y);
+  int64_t gy = std::max(bwd_tiling(rows, ceil_div(cols, kVec16<T>), dev).grid.y,
+                        bwd_tiling(rows, cols, dev).grid.y);
   if (gy == 1) gy = 0;
   return static_cast<size_t>(gy * partial_rows::ld(cols)) * sizeof(acc_t<T>);
 }
