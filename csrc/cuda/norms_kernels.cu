@@ -739,8 +739,10 @@ __global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPack
     if constexpr (!kRms) warp_sum(db_acc);
   }
   __syncthreads();
-  auto flush = [&](const float* acc, float* dst) {
-    dst += int64_t(blockIdx.x / team.ranks) * part.ld;
+  // Into this block's (cluster's) partial row, or into dw / db where that is the only one.
+  const bool only_part = gridDim.x == unsigned(team.ranks);
+  auto flush = [&](const float* acc, float* partial, W* out) {
+    partial += int64_t(blockIdx.x / team.ranks) * part.ld;
     const int first = team.ranks > 1 ? team.t - threadIdx.x : 0;  // the block's first column / VEC
     const int span = team.ranks > 1 ? blockDim.x : g;
     for (int p = 0; p < kPacks; ++p) {
@@ -751,13 +753,17 @@ __global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPack
         for (int r = 0; r < team.per_block; r += warp_teams) {
           sum += acc[Acc::index(p, j, r * g + lane)];
         }
-        dst[col] = sum;
+        if (only_part) {
+          out[col] = from_acc<W>(sum);
+        } else {
+          partial[col] = sum;
+        }
       }
     }
   };
-  if (part.dw != nullptr) flush(dw_acc, part.dw);
+  if (a.dw != nullptr) flush(dw_acc, part.dw, a.dw);
   if constexpr (!kRms) {
-    if (part.db != nullptr) flush(db_acc, part.db);
+    if (a.db != nullptr) flush(db_acc, part.db, a.db);
   }
 }
 
@@ -975,14 +981,23 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
     }
   }
   cluster.close();
+  // Into this team's partial row, or into dw / db where that is the only one.
+  const bool only_part = gridDim.x == unsigned(team.ranks);
   const int64_t part_row = int64_t(blockIdx.x / team.ranks) * part.ld + col0;
+  auto flush = [&](const float(&sum)[VEC], float* partial, W* out, int p) {
+    if (only_part) {
+      store_acc<VEC>(out + col0 + p * VEC, sum);
+    } else {
+      store_acc<VEC>(partial + part_row + p * VEC, sum);
+    }
+  };
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     const int p = tid + k * blockDim.x;
     if (p >= slice_packs) continue;
-    if (part.dw != nullptr) store_acc<VEC>(part.dw + part_row + p * VEC, dw[k]);
+    if (a.dw != nullptr) flush(dw[k], part.dw, a.dw, p);
     if constexpr (!kRms) {
-      if (part.db != nullptr) store_acc<VEC>(part.db + part_row + p * VEC, db[k]);
+      if (a.db != nullptr) flush(db[k], part.db, a.db, p);
     }
   }
 #endif
@@ -1218,6 +1233,9 @@ struct BwdPlan {
   int group;             // threads per team (when not a cluster)
   bool zeroed_partials;  // the kernel adds into its partial rows
   int64_t parts;         // partial rows: one per block, or per cluster
+
+  // One partial row, not added into: the kernel writes dw / db itself (no workspace, no sum).
+  bool writes_sums() const { return parts == 1 && !zeroed_partials; }
 };
 
 // Blocks (clusters) of p's kernel and launch shape that fit on the device at once, after opting
@@ -1385,7 +1403,8 @@ template <typename T, typename W, bool kRms>
 int64_t norm_bwd_workspace_size(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   const int64_t n = (a.dw != nullptr) + (a.db != nullptr);
   if (n == 0) return 0;
-  return n * bwd_plan<T, W, kRms>(a, info).parts * partial_rows::ld(a.cols);
+  const BwdPlan<T, W> p = bwd_plan<T, W, kRms>(a, info);
+  return p.writes_sums() ? 0 : n * p.parts * partial_rows::ld(a.cols);
 }
 
 template <typename T, typename W, bool kRms>
@@ -1403,7 +1422,7 @@ cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, NormAcc<T>* workspace, con
     if (err != cudaSuccess) return err;
   }
   const cudaError_t err = launch(p.kernel, p.shape, info, stream, a, part);
-  if (err != cudaSuccess || n == 0) return err;
+  if (err != cudaSuccess || n == 0 || p.writes_sums()) return err;
   const A* part0 = part.dw != nullptr ? part.dw : part.db;
   W* out0 = a.dw != nullptr ? a.dw : a.db;
   const bool both = n == 2;

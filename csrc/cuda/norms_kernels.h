@@ -49,7 +49,7 @@ struct NormBwdArgs {
 };
 
 // NormAcc<T> elements of scratch norm_bwd_cuda needs for these arguments (0 when dw and db are
-// null).
+// null, or when one block or cluster covers every row and writes them itself).
 template <typename T, typename W, bool kRms>
 int64_t norm_bwd_workspace_size(const NormBwdArgs<T, W>& a, const DeviceInfo& info);
 
