@@ -10,7 +10,8 @@
 // throughout (fp64 for fp64 input, A below); mean and variance in two passes over the registers
 // (Welford per pack in the looping kernel, merged by Chan's formula). Backward: each team sums its
 // rows' dweight/dbias in shared memory into one A partial row; partial_rows::sum adds the
-// partial rows in a fixed order: deterministic, no float atomics. Preconditions (the launchers
+// partial rows in a fixed order: deterministic, no float atomics (a grid of one partial row
+// writes dweight/dbias itself). Preconditions (the launchers
 // check them): rows, cols > 0; VEC > 1 only when cols % VEC == 0 and every pointer is 16-byte
 // aligned.
 #include <cooperative_groups.h>
