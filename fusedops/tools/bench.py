@@ -10,7 +10,8 @@ CPU, unless --device picks one.
 
 CUDA: CUDA events around batches of back-to-back calls whose inputs rotate through >= 4x the L2
 cache, so every call reads DRAM; time per call = batch time / batch size, median over batches.
-That is throughput, and it shows host overhead where the host cannot keep the GPU fed. Each
+That is throughput, and it shows host overhead where the host cannot keep the GPU fed; each
+cell is also timed kernel-only, its calls captured in a CUDA graph and replayed. Each
 kernel is reported as GB/s of minimal unique bytes and as % of a 2 GiB device-to-device copy
 timed the same way. MPS and CPU: time.perf_counter around each batch (synchronized on MPS), the
 same medians. On the CPU the 2 GiB copy streams through DRAM while the smaller shapes stay in
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import itertools
 import json
@@ -299,6 +301,7 @@ class Timed:
     sets: list[tuple]
     grad: bool
     nbytes: int
+    stream: torch.cuda.Stream | None = None  # where a CUDA backward runs: its forward's stream
 
 
 def _mps_available() -> bool:
@@ -360,14 +363,23 @@ def prepare(spec: Spec, pass_: str, provider: str, rows: int, n: int, dtype, dev
     if pass_ == "fwd":
         return Timed(fn, sets, grad=False, nbytes=nbytes)
     # Backward only: y is built once per set (by fn, so a compiled y runs compiled backward),
-    # and the timed call is autograd.grad alone.
+    # and the timed call is autograd.grad alone. On CUDA y is made on a side stream: autograd
+    # runs a backward on its forward's stream, and a CUDA graph can capture a side stream only.
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream(device))  # the inputs are made
     bwd_sets = []
-    with torch.enable_grad():
+    with torch.enable_grad(), _on(stream):
         for args in sets:
             args = [a.requires_grad_() if i in spec.grad_args else a for i, a in enumerate(args)]
             y = fn(*args)
             bwd_sets.append((y, [args[i] for i in spec.grad_args], torch.randn_like(y)))
-    return Timed(_grad, bwd_sets, grad=True, nbytes=nbytes)
+    return Timed(_grad, bwd_sets, grad=True, nbytes=nbytes, stream=stream)
+
+
+def _on(stream: torch.cuda.Stream | None):
+    """torch.cuda.stream(stream), or nothing where there is no stream (CPU, MPS, forwards)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def _plan(device: torch.device, quick: bool) -> tuple[int, int, float]:
@@ -423,7 +435,7 @@ def measure(t: Timed, device: torch.device, quick: bool = False, warmup_s: float
         outputs.append(t.call(*next(it)))
 
     # Forward runs under no_grad (inference); backward needs autograd on.
-    with torch.set_grad_enabled(t.grad):
+    with torch.set_grad_enabled(t.grad), _on(t.stream):
         for _ in range(max(warmup, len(t.sets))):
             step()
         end = time.perf_counter() + warmup_s
@@ -436,20 +448,21 @@ def measure(t: Timed, device: torch.device, quick: bool = False, warmup_s: float
 
 
 def measure_device(t: Timed, quick: bool = False) -> float:
-    """Median GPU seconds per forward call with the host out of the way: one CUDA graph holds a
-    call per rotated input set and is replayed. This is what the kernel alone achieves; measure()
-    is what a Python caller gets."""
+    """Median GPU seconds per call with the host out of the way: one CUDA graph holds a call per
+    rotated input set and is replayed. This is what the kernels alone achieve; measure() is what
+    a Python caller gets (a backward's autograd.grad costs ~100 µs of host per call, as much as
+    the GPU time of a 400 MB backward). A backward is captured on its forward's stream."""
     cuda = torch.device("cuda")
     _, reps, _ = _plan(cuda, quick)
-    with torch.no_grad():
-        side = torch.cuda.Stream()  # warm up off the capture stream, as torch.cuda.graph asks
+    with torch.set_grad_enabled(t.grad):
+        side = t.stream or torch.cuda.Stream()  # warm up off the default stream, as asked
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for args in t.sets:
                 t.call(*args)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=t.stream):
             outputs = [t.call(*args) for args in t.sets]  # noqa: F841  (kept alive: distinct)
     graph.replay()
     replays = max(1, math.ceil(200 / len(t.sets)))
@@ -638,7 +651,7 @@ def _predicted_seconds(spec: Spec, pass_: str, dt: str, shape, device, copy, qui
     batch = min(1000, max(1, math.ceil(target / call))) if target else 1
     sets = max(1, math.ceil(L2_ROTATE * _cache_bytes(device) / nbytes))
     calls = sets + max(warmup, sets) + reps * batch  # sets: a backward's y
-    if device.type == "cuda" and pass_ == "fwd":
+    if device.type == "cuda":
         calls += reps * 200  # measure_device
     warm = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
     return len(providers(spec, pass_, device)) * (calls * call + sets * nbytes / randn_rate + warm)
@@ -692,9 +705,10 @@ def run(
         nbytes = min_bytes(spec, pass_, rows, n, DTYPES[dt])
         cell = {"op": f"{spec.name}_{pass_}", "dtype": dt, "rows": rows, "n": n, "bytes": nbytes}
         cell.update(median_us={}, gbps={}, pct_copy={}, errors={})
-        # Forward on CUDA also gets the kernel-only time (CUDA graph replay): at small shapes
-        # the host-inclusive time is Python and launch overhead, not the kernel.
-        graphed = device.type == "cuda" and pass_ == "fwd"
+        # CUDA cells also get the kernel-only time (CUDA graph replay): at small shapes, and for
+        # backwards up to a few hundred MB, the host-inclusive time is Python, autograd and
+        # launch overhead, not the kernels.
+        graphed = device.type == "cuda"
         if graphed:
             cell.update(device_us={}, device_pct_copy={})
         us_rounds = {p: [] for p in providers(spec, pass_, device, with_compile)}
@@ -704,17 +718,22 @@ def run(
             for p in us_rounds:
                 if p in cell["errors"]:
                     continue
+                timed = None
                 try:
                     timed = kept.get(p) or prepare(spec, pass_, p, rows, n, DTYPES[dt], device)
                     if rounds > 1:
                         kept[p] = timed
                     warmup_s = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
                     us_rounds[p].append(measure(timed, device, quick, warmup_s) * 1e6)
-                    if graphed:
-                        dev_rounds[p].append(measure_device(timed, quick) * 1e6)
                 except Exception as e:  # a failed provider is a missing cell, not a failed run
                     cell["errors"][p] = _error(e)
                     kept.pop(p, None)
+                    timed = None
+                if graphed and timed is not None and f"{p} graph" not in cell["errors"]:
+                    try:
+                        dev_rounds[p].append(measure_device(timed, quick) * 1e6)
+                    except Exception as e:  # the host-timed cell stands without it
+                        cell["errors"][f"{p} graph"] = _error(e)
                 timed = None
                 if device.type == "cuda" and not kept:
                     torch.cuda.empty_cache()  # big shapes: let the next provider have the memory
@@ -730,7 +749,7 @@ def run(
             if rounds > 1:
                 cell.setdefault("rounds_us", {})[p] = samples if ok else None
             if graphed:
-                dev_us = statistics.median(dev_rounds[p]) if ok else None
+                dev_us = statistics.median(dev_rounds[p]) if ok and dev_rounds[p] else None
                 cell["device_us"][p] = dev_us
                 cell["device_pct_copy"][p] = 100 * nbytes / dev_us / 1e3 / copy if dev_us else None
         done.append(cell)
@@ -837,7 +856,7 @@ def table(result: dict) -> str:
         lines += ["", "GB/s (% of copy)"]
         lines += _grouped(result, ["shape", *providers], bandwidth)
         if any("device_pct_copy" in c for c in result["cells"]):
-            lines += ["", "% of copy, kernel only (CUDA graph replay; forward)"]
+            lines += ["", "% of copy, kernel only (CUDA graph replay)"]
             lines += _grouped(
                 result,
                 ["shape", *providers],

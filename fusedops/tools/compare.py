@@ -85,7 +85,7 @@ def compare(results: list[dict], metric: str, provider: str) -> tuple[list[str],
         cells = [ix[k] for ix in indexed]
         values = [value(c, metric, provider) for c in cells]
         if all(v is None for v in values):
-            continue  # a metric these cells do not record (the backwards have no device_pct_copy)
+            continue  # a metric these cells lack (older results: no backward device_pct_copy)
         row = [cell_label(k), *["-" if v is None else f"{v:.4g}" for v in values]]
         for i in range(1, len(cells)):
             s = speed(values[0], values[i], metric)
