@@ -196,3 +196,26 @@ def test_mlp_rounds():
     for p in ("eager", "fusedops"):
         assert len(cell["ms_rounds"][p]) == 2
         assert cell["ms"][p] == pytest.approx(sum(cell["ms_rounds"][p]) / 2)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_cells_are_timed_kernel_only_backward_too(monkeypatch):
+    # A backward's autograd.grad costs about as much host time as a large backward's kernels:
+    # its kernels are captured in a CUDA graph on the stream its forward ran on, and replayed.
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 24)
+    result = bench.run(
+        ["softmax_fwd", "layer_norm_bwd"],
+        ["bf16"],
+        [(256, 1024)],
+        quick=True,
+        with_compile=False,
+        log=None,
+        device="cuda",
+        with_host=False,
+    )
+    for cell in result["cells"]:
+        for p in ("fusedops", "eager"):
+            assert p not in cell["errors"] and f"{p} graph" not in cell["errors"], cell["errors"]
+            assert cell["device_us"][p] > 0, (cell["op"], p)
+            assert cell["device_pct_copy"][p] > 0, (cell["op"], p)
