@@ -134,19 +134,25 @@ def test_estimate_grows_with_the_work():
     assert 0 < small < big
 
 
+def _quick_run(ops, dtypes, shapes, device, log=None, **kwargs):
+    """bench.run on a few cells: quick, no torch.compile, no host table."""
+    return bench.run(
+        ops,
+        dtypes,
+        shapes,
+        quick=True,
+        with_compile=False,
+        log=log,
+        device=device,
+        with_host=False,
+        **kwargs,
+    )
+
+
 def test_run_logs_an_estimate_and_progress(monkeypatch):
     monkeypatch.setattr(bench, "COPY_BYTES", 1 << 20)  # a small roof: this only checks the flow
     lines = []
-    result = bench.run(
-        ["softmax_fwd"],
-        ["fp32"],
-        [(8, 64), (16, 64)],
-        quick=True,
-        with_compile=False,
-        log=lines.append,
-        device="cpu",
-        with_host=False,
-    )
+    result = _quick_run(["softmax_fwd"], ["fp32"], [(8, 64), (16, 64)], "cpu", log=lines.append)
     assert lines[1].startswith("2 cells: about ")
     assert lines[2].startswith("[1/2 ") and " left] softmax_fwd fp32 8x64: fusedops " in lines[2]
     assert lines[3].startswith("[2/2 ")
@@ -163,17 +169,7 @@ def test_rounds_take_turns_and_report_the_median(monkeypatch):
     prepared = []
     real_prepare = bench.prepare
     monkeypatch.setattr(bench, "prepare", lambda *a: prepared.append(a[2]) or real_prepare(*a))
-    result = bench.run(
-        ["softmax_fwd"],
-        ["fp32"],
-        [(8, 64)],
-        quick=True,
-        with_compile=False,
-        log=None,
-        device="cpu",
-        with_host=False,
-        rounds=3,
-    )
+    result = _quick_run(["softmax_fwd"], ["fp32"], [(8, 64)], "cpu", rounds=3)
     cell = result["cells"][0]
     assert sorted(prepared) == ["eager", "fusedops"]  # once each, kept for the rounds
     for p in ("fusedops", "eager"):
@@ -204,16 +200,7 @@ def test_cuda_cells_are_timed_kernel_only_backward_too(monkeypatch):
     # A backward's autograd.grad costs about as much host time as a large backward's kernels:
     # its kernels are captured in a CUDA graph on the stream its forward ran on, and replayed.
     monkeypatch.setattr(bench, "COPY_BYTES", 1 << 24)
-    result = bench.run(
-        ["softmax_fwd", "layer_norm_bwd"],
-        ["bf16"],
-        [(256, 1024)],
-        quick=True,
-        with_compile=False,
-        log=None,
-        device="cuda",
-        with_host=False,
-    )
+    result = _quick_run(["softmax_fwd", "layer_norm_bwd"], ["bf16"], [(256, 1024)], "cuda")
     for cell in result["cells"]:
         for p in ("fusedops", "eager"):
             assert p not in cell["errors"] and f"{p} graph" not in cell["errors"], cell["errors"]
