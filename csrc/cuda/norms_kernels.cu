@@ -417,7 +417,15 @@ struct NormFwdStaged {
   using Args = NormFwdArgs<T, W>;
   // The weight and bias loads want more threads per row than softmax (H100, bf16, % of copy,
   // 4096x32768: 128 bytes per thread 88 / 93 for layer_norm / rms_norm, 256 bytes 81 / 75).
-  static constexpr int kBytesPerThread = 128;
+  // 64 bytes per thread, and blocks of up to one 8 KB row (layer_norm) or 16 KB of rows
+  // (rms_norm), against 128 bytes and 32 KB: bf16 / fp32, H100, kernel-only % of copy, layer_norm
+  // 16384x4096 92.9 / 96.7 -> 95.8 / 97.5, 8192x8192 93.0 / 95.7 -> 93.6 / 97.7, 32768x2048 92.9
+  // / 96.3 -> 95.2 / 97.3; rms_norm bf16 16384x4096 / 8192x8192 94.7 / 94.6 -> 96.0 / 95.6 (Liger
+  // in that run: layer_norm 96.9 / 98.3 at 16384x4096, rms_norm bf16 96.1 / 96.3;
+  // bench/results/h100-norm-fwd-groups-bwd-flush.txt). fp32 rms_norm keeps 128 bytes: at 64 its
+  // 4096x1024 (1024 blocks of four 4 KB rows, 256 threads each instead of 128) fell 87.0 -> 82.2.
+  static constexpr int kBytesPerThread = kRms && sizeof(T) == 4 ? 128 : 64;
+  static constexpr int kGroupBytes = kRms ? 16 << 10 : 8 << 10;
   // fp32 rows: three 512-thread blocks per SM, as before the staged params' second write path
   // took 48 registers (H100, fp32 layer_norm, % of copy: 4096x32768 96.9 at three blocks, 92.8
   // at two; bf16 capped for three spilled: 90 -> 78).
@@ -741,23 +749,57 @@ __global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPack
   }
   __syncthreads();
   // Into this block's (cluster's) partial row, or into dw / db where that is the only one.
+  // Teams of a warp or less: a thread takes whole chunks (4 columns as one float4 where the sums
+  // are stored so) and adds the block's teams' values in team order, its loads independent of
+  // each other; one thread per column, adding 16 warps' scalars a load at a time, took ~20% of
+  // bf16 layer_norm's 4096x1024 backward (Nsight Compute warp samples). H100, kernel-only % of
+  // copy, bf16 / fp32: layer_norm 4096x1024 48.2 / 61.7 -> 52.8 / 69.0, 4096x768 41.2 / 54.3 ->
+  // 44.0 / 61.5; rms_norm 4096x1024 53.4 / 68.2 -> 56.4 / 72.0; 65536 rows +0.3 to +3.2, but fp32
+  // layer_norm 65536x768 88.5 -> 86.4 (its row loop's spills grew from 12 to 24 bytes). Block
+  // teams (1-4 per block) keep one thread per column: with chunks their row loop spilled (bf16
+  // rms_norm 32768x2048, 2 packs per thread, 0 -> 32 bytes: 91.6 -> 84.0).
   const bool only_part = gridDim.x == unsigned(team.ranks);
+  constexpr int kChunk = kTeam == TeamKind::kBlock ? 1 : Acc::kChunk;
+  constexpr int kSlots = kPacks * VEC / kChunk;  // chunks of a thread's sums
+  using Chunk = Pack<float, kChunk>;
   auto flush = [&](const float* acc, float* partial, W* out) {
     partial += int64_t(blockIdx.x / team.ranks) * part.ld;
     const int first = team.ranks > 1 ? team.t - threadIdx.x : 0;  // the block's first column / VEC
     const int span = team.ranks > 1 ? blockDim.x : g;
-    for (int p = 0; p < kPacks; ++p) {
-      for (int e = threadIdx.x; e < span * VEC; e += blockDim.x) {
-        const int lane = e / VEC, j = e % VEC, col = (p * g + first + lane) * VEC + j;
+    if constexpr (kChunk == 1) {
+      for (int p = 0; p < kPacks; ++p) {
+        for (int e = threadIdx.x; e < span * VEC; e += blockDim.x) {
+          const int lane = e / VEC, j = e % VEC, col = (p * g + first + lane) * VEC + j;
+          if (col >= cols) continue;
+          float sum = 0.f;
+          for (int r = 0; r < team.per_block; r += warp_teams) {
+            sum += acc[Acc::index(p, j, r * g + lane)];
+          }
+          if (only_part) {
+            out[col] = from_acc<W>(sum);
+          } else {
+            partial[col] = sum;
+          }
+        }
+      }
+    } else {
+      for (int e = threadIdx.x; e < kSlots * span; e += blockDim.x) {
+        const int lane = e % span, slot = e / span;
+        const int p = slot / (VEC / kChunk), j = slot % (VEC / kChunk) * kChunk;
+        const int col = (p * g + first + lane) * VEC + j;
         if (col >= cols) continue;
-        float sum = 0.f;
+        Chunk sum{};
+#pragma unroll 4
         for (int r = 0; r < team.per_block; r += warp_teams) {
-          sum += acc[Acc::index(p, j, r * g + lane)];
+          const Chunk v = load_pack<float, kChunk>(acc + Acc::index(p, j, r * g + lane));
+#pragma unroll
+          for (int k = 0; k < kChunk; ++k) sum.v[k] += v.v[k];
         }
         if (only_part) {
-          out[col] = from_acc<W>(sum);
+#pragma unroll
+          for (int k = 0; k < kChunk; ++k) out[col + k] = from_acc<W>(sum.v[k]);
         } else {
-          partial[col] = sum;
+          store_pack<float, kChunk>(partial + col, sum);
         }
       }
     }

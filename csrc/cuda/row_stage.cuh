@@ -59,7 +59,7 @@ constexpr int kShortRowWaves = 3;
 // 77 -> 89. A size in bytes, not in blocks: the softmax backward's blocks hold half the rows (y
 // and dy), so a count of blocks let it in at half the size.
 constexpr int kSliceBytes = 64 << 10;
-constexpr int kGroupBytes = 32 << 10;
+constexpr int kGroupBytes = 32 << 10;  // a Policy may set its own (Defaults::kGroupBytes)
 constexpr int kMinThreads = 128;
 constexpr int kRegsPerSm = 64 << 10;  // every sm_90+ GPU
 constexpr int kMinBlocksPerSm = 4;
@@ -81,6 +81,7 @@ template <typename T>
 struct Defaults {
   static constexpr int kMinBlocksPerSm = 2;  // 512-thread blocks: at most 64 registers
   static constexpr int kMinRowBytes = 2 << 10;
+  static constexpr int kGroupBytes = row_stage::kGroupBytes;  // rows of a block, at most
   using Param = T;
   static constexpr int kParams = 0;
   static constexpr bool kParamsInClusters = false;  // params staged beside cluster slices (plan())
@@ -223,11 +224,11 @@ __global__ void __launch_bounds__(kMaxThreads, Policy::kMinBlocksPerSm)
 // ------------------------------------------------------------------ host: plan and launch
 
 // Sizes count the bytes staged per row: kInputs rows of cols elements. Blocks of one row, or of
-// several short rows, of up to kGroupBytes; rows longer than kSliceBytes split over a cluster of
-// up to max_ranks blocks, whose slices grow past kSliceBytes, up to what shared memory holds,
-// only when max_ranks can't keep them within it (beyond that, the caller's other kernels run).
-// A team of threads per row, one thread per Policy::kBytesPerThread of it. Measured on an H100,
-// fp32 512x262144 forward, % of copy: against the looping kernels (softmax 44, layer_norm 52,
+// several short rows, of up to Policy::kGroupBytes; rows longer than kSliceBytes split over a
+// cluster of up to max_ranks blocks, whose slices grow past kSliceBytes, up to what shared memory
+// holds, only when max_ranks can't keep them within it (beyond that, the caller's other kernels
+// run). A team of threads per row, one thread per Policy::kBytesPerThread of it. Measured on an
+// H100, fp32 512x262144 forward, % of copy: against the looping kernels (softmax 44, layer_norm 52,
 // rms_norm 55), 8 slices of 128 KB ran 75 / 47 / - with a cluster barrier per exchange, 92 / 68
 // / 75 with the mailbox exchange, and 16 slices of 64 KB (three blocks per SM where 128 KB
 // slices leave one) 97 / 80 / 87.
@@ -268,7 +269,8 @@ Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& 
   }
   const int64_t slice_bytes = staged_bytes / ranks;
   int teams = 1;
-  while (ranks == 1 && teams * 2 * slice_bytes <= kGroupBytes && teams * 2 <= kMaxThreads / 32 &&
+  while (ranks == 1 && teams * 2 * slice_bytes <= Policy::kGroupBytes &&
+         teams * 2 <= kMaxThreads / 32 &&
          rows / (teams * 2) >= int64_t(kMinBlocksPerSm) * dev.sm_count) {
     teams *= 2;
   }
