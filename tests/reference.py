@@ -74,8 +74,9 @@ FLOOR[torch.float16] = torch.finfo(torch.float16).tiny
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # Row lengths for the staged row engine's grouped rows (sm_90+; csrc/cuda/row_stage.cuh): several
-# rows share a block of up to 32 KB; 8 and 4 KB rows always, rows of 2-4 KB only where the input
-# fills three waves of 32 KB blocks (layer_norm's from 4 KB only).
+# rows share a block of up to 32 KB (softmax; rms_norm 16 KB, layer_norm 8 KB: its 8 KB rows one
+# to a block); 8 and 4 KB rows always, rows of 2-4 KB only where the input fills three waves of
+# 32 KB blocks (layer_norm's from 4 KB only).
 STAGED_GROUP_SHAPES = [
     (torch.bfloat16, 4096),
     (torch.float32, 2048),
