@@ -361,6 +361,16 @@ def test_cuda_width_128_takes_the_warps_that_fit(n_in, layers, cuda_device, tmp_
     assert blocks == WIDTH_128_BLOCKS[(n_in, layers)]
 
 
+@pytest.mark.cuda
+def test_cuda_width_64_forward_takes_10_warps(cuda_device, tmp_path):
+    # Two blocks per SM each way at width 64: 10 warps forward (96 registers), 8 backward.
+    torch.manual_seed(0)
+    mlp = FullyFusedMLP(64, 64, 64, 4).to(cuda_device, torch.bfloat16)
+    x = torch.randn(5000, 64, device=cuda_device, dtype=torch.bfloat16, requires_grad=True)
+    blocks = _block_sizes(lambda: mlp(x).sum().backward(), tmp_path)
+    assert blocks == {"forward": 320, "backward": 256}
+
+
 def one_past_16_bytes(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of t whose data starts one element past a 16-byte boundary."""
     out = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:].view(t.shape)

@@ -38,7 +38,7 @@
 namespace fusedops {
 namespace {
 
-constexpr int kWarps = 8;      // warps per block, 16 rows each (at width 128: up to 12, below)
+constexpr int kWarps = 8;      // warps per block, 16 rows each (more at some widths: max_warps)
 constexpr int kTileRows = 16;  // rows per warp tile: the MMA's M
 constexpr int kSkew = 8;       // halves added to each shared-memory row (bank-conflict-free)
 
@@ -64,11 +64,14 @@ __host__ __device__ inline int mat_real_k(const FfmShape& s, int l) {
 // immediates; the runtime dims otherwise (a second copy of the layer's code). H100, bf16, 4 hidden
 // layers, 2^21 rows, erf GELU, ms, width 64 / 128: inference 0.678 / 1.887 -> 0.650 / 1.555,
 // training 3.446 / 7.827 -> 3.354 / 7.158 (width 32: inference unchanged, training -5%).
+template <int N>
+struct Fixed {  // std::integral_constant, usable in device code without relaxed constexpr
+  __host__ __device__ constexpr operator int() const { return N; }
+};
 template <int W, typename F>
 __device__ __forceinline__ void with_layer_dims(MatDims d, F&& f) {
-  using Full = std::integral_constant<int, W>;
   if (d.n == W && d.k == W) {
-    f(Full{}, Full{});
+    f(Fixed<W>{}, Fixed<W>{});
   } else {
     f(d.n, d.k);
   }
@@ -87,8 +90,11 @@ __host__ __device__ constexpr int stage_ld(int width) { return width + kSkew; }
 
 // The most warps a block of this width runs. A width-128 block is alone on its SM (its weights fill
 // shared memory), and 8 warps of 188 registers left that SM waiting on dependencies: it takes 12
-// (at most 168 registers each) where their staging tiles fit beside the weights (warps_for).
-__host__ __device__ constexpr int max_warps(int width) { return width >= 128 ? 12 : kWarps; }
+// (at most 168 registers each) where their staging tiles fit beside the weights (warps_for). The
+// width-64 forward takes 10 (see kMinBlocks).
+__host__ __device__ constexpr int max_warps(int width, bool backward) {
+  return width >= 128 ? 12 : width == 64 && !backward ? 10 : kWarps;
+}
 
 // The register width: the smallest of 16, 32, 64, 128 that holds every layer's features.
 inline int width_of(const FfmShape& s) {
@@ -114,7 +120,7 @@ size_t smem_bytes(const FfmShape& s, bool backward, int warps) {
 // kWarps (deep width-128 networks on sm_87's 163 KiB, say).
 template <typename T>
 int warps_for(const FfmShape& s, bool backward, const DeviceInfo& dev) {
-  const int most = max_warps(width_of(s));
+  const int most = max_warps(width_of(s), backward);
   return smem_bytes<T>(s, backward, most) <= size_t(dev.max_smem_optin) ? most : kWarps;
 }
 
@@ -521,18 +527,21 @@ __device__ __forceinline__ void zero_acc(float (&c)[W / 8][4]) {
 }
 
 // Blocks per SM the register budget is set for: the narrow widths are latency-bound and want more
-// warps (their shared memory allows it); 128 wide, the weights fill shared memory. At width 64 the
-// forward runs 3 blocks (80 registers; the spill is one pointer, stored and loaded once per layer)
-// and the backward 2 (111 registers; at 80 it spilled inside its GEMMs): on an H100 the faster of
-// 2 and 3 for each.
-template <int W, bool kBackward>
+// warps (their shared memory allows it); 128 wide, the weights fill shared memory. At width 64 both
+// directions run 2: the backward's 8 warps at most 128 registers (at 80 it spilled inside its
+// GEMMs), the forward's 10 at 96, where each warp's GELUs overlap more than at 80. H100, bf16, 4
+// hidden layers, 2^21 rows, forward warps x blocks (registers) 8 x 3 (80, 22 bytes spilled) /
+// 8 x 2 (123) / 10 x 2 (96) / 6 x 3 (96), ms: inference erf 0.644-0.654 / 0.627-0.637 /
+// 0.629-0.632 / 0.689-0.702, gelu_tanh 0.534 / 0.556 / 0.522 / 0.583; training erf 3.354-3.365 /
+// 3.324-3.333 / 3.326-3.327 / 3.390-3.400. Width 32 (64 registers) at 3 or 2 blocks: within 1%.
+template <int W>
 constexpr int kMinBlocks = W >= 128  ? 1
-                           : W == 64 ? (kBackward ? 2 : 3)
+                           : W == 64 ? 2
                                      : 4;
 
 // Persistent blocks: each loads the weights once, then walks tiles of (its warps) x 16 rows.
 template <typename T, int W>
-__global__ void __launch_bounds__(max_warps(W) * 32, kMinBlocks<W, false>)
+__global__ void __launch_bounds__(max_warps(W, false) * 32, kMinBlocks<W>)
     ffm_forward_kernel(const FfmForward<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const FfmShape& s = p.s;
@@ -613,7 +622,7 @@ __global__ void __launch_bounds__(max_warps(W) * 32, kMinBlocks<W, false>)
 // Walks the layers backward: grad of the output's pre-activation -> through W_L^T -> times act'
 // -> grad of hidden layer L-1's pre-activation (stored) -> ... -> through W_0^T -> grad_x.
 template <typename T, int W>
-__global__ void __launch_bounds__(max_warps(W) * 32, kMinBlocks<W, true>)
+__global__ void __launch_bounds__(max_warps(W, true) * 32, kMinBlocks<W>)
     ffm_backward_kernel(const FfmBackward<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const FfmShape& s = p.s;
