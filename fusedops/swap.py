@@ -574,9 +574,12 @@ def _plan_chain(module: torch.nn.Module, opts) -> _Plan | None:
     return _Plan(f"fusedops.swap.{cls.__name__}: {summary}", notes, build)
 
 
-# The hidden widths swap gives FullyFusedMLP: ahead of eager in every measured cell up to 64 (H100,
-# README); at 128 its training step at 2^21 rows was 0.90x eager.
-_FULLY_FUSED_MAX_HIDDEN = 64
+# The widest hidden layers swap gives FullyFusedMLP, by activation: where it was ahead of eager in
+# every measured cell (H100, README). GELUs (erf, tanh) up to 128: at 2^18 and 2^21 rows,
+# inference 1.97-2.74x and training 1.55-1.88x eager. ReLU up to 64: not measured wider since
+# the kernels' last changes (at 128, an older build's GELU training step was 0.90x eager).
+_FULLY_FUSED_MAX_HIDDEN = {"gelu": 128, "gelu_tanh": 128}
+_FULLY_FUSED_MAX_HIDDEN_OTHERS = 64
 
 
 def _plan_fully_fused(module: torch.nn.Module) -> _Plan | None:
@@ -599,7 +602,7 @@ def _plan_fully_fused(module: torch.nn.Module) -> _Plan | None:
         or any((m.weight.device, m.weight.dtype) != (w.device, w.dtype) for m in linears)
         or any(m.bias is not None and m.bias.dtype != w.dtype for m in linears)
         or hidden % 16
-        or hidden > _FULLY_FUSED_MAX_HIDDEN
+        or hidden > _FULLY_FUSED_MAX_HIDDEN.get(probe.activation, _FULLY_FUSED_MAX_HIDDEN_OTHERS)
         or max(n_in, n_out) > 128
         or _hooked(list(module.named_children()))
     ):
@@ -641,8 +644,8 @@ def swap(
 
     softmax: nn.Softmax / LogSoftmax. norms: nn.LayerNorm / RMSNorm and LLaMA-style RMSNorm
     modules. mlp: Linear -> GELU [-> Dropout] -> Linear chains (fused_mlp), and on CUDA (sm_80+,
-    fp16/bf16) nn.Sequential MLPs of two or more hidden layers up to 64 wide, GELU or ReLU
-    (FullyFusedMLP). gelu: Linear -> GELU
+    fp16/bf16) nn.Sequential MLPs of two or more hidden layers, up to 128 wide with GELU or 64
+    with ReLU (FullyFusedMLP). gelu: Linear -> GELU
     (linear + bias_gelu) where no MLP is fused. dry_run: only report.
 
     Replacements share the originals' Parameter objects and children (optimizers keep working;

@@ -449,25 +449,32 @@ def test_cuda_fp64_model_is_swapped(cuda_device):
         assert rows[path].replacement == replacement, rows[path].reason
 
 
+@pytest.mark.parametrize(
+    "act, hidden, fusable",
+    [(nn.ReLU, 64, True), (nn.GELU, 128, True), (nn.ReLU, 128, False)],
+    ids=["relu-64", "gelu-128", "relu-128"],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_small_mlp_becomes_fully_fused(dtype, device):
-    # Two hidden layers of 64 with ReLU: FullyFusedMLP where its kernels run (CUDA sm_80+, 16-bit);
-    # elsewhere nothing here fuses (ReLU is no GELU).
+def test_small_mlp_becomes_fully_fused(act, hidden, fusable, dtype, device):
+    # Two hidden layers: FullyFusedMLP where its kernels run (CUDA sm_80+, 16-bit) and swap takes
+    # the width for the activation (GELUs up to 128, ReLU up to 64); elsewhere ReLU doesn't fuse
+    # and GELU chains take the chain rules.
     torch.manual_seed(0)
     field = nn.Sequential(
-        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)
+        nn.Linear(32, hidden), act(), nn.Linear(hidden, hidden), act(), nn.Linear(hidden, 8)
     )
     model = nn.Sequential(field).to(device, dtype).eval()  # swap replaces inside the model
     ref_model = fp64_twin(model)
     x = torch.randn(100, 32, device=device, dtype=dtype)
     expected = model(x)
     report = fusedops.swap(model)
-    fused = device == "cuda" and dtype == torch.bfloat16
+    fused = fusable and device == "cuda" and dtype == torch.bfloat16
     fused = fused and torch.cuda.get_device_capability()[0] >= 8
     assert isinstance(model[0], fusedops.nn.FullyFusedMLP) == fused
     if fused:
         row = rows_by_path(report)["0"]
-        assert row.replacement == "fusedops.nn.FullyFusedMLP: 2 hidden layers of 64, relu"
+        name = "relu" if act is nn.ReLU else "gelu"
+        assert row.replacement == f"fusedops.nn.FullyFusedMLP: 2 hidden layers of {hidden}, {name}"
         assert list(model[0]) == list(field)  # the same modules
     assert_rule(model(x), expected, ref_model(x.double().cpu()))
     report.undo()
