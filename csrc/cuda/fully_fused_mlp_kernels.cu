@@ -15,10 +15,10 @@
 // Measured on an H100 (bf16, 4 hidden layers): the narrow widths are bound by instruction issue and
 // latency, not by DRAM; the erf GELU is a third of the forward at width 64 (ReLU: 0.57 ms, GELU:
 // 1.11 ms at 2^21 rows). Hence: one activation switch per layer (per element, it kept the GELUs
-// from interleaving: 1.8 ms), a branch-free erfc, registers bounded per width and direction
-// (kMinBlocks), tile indices that are shifts (no integer division per element), compile-time
-// dims for W x W layers (with_layer_dims), and the backward's saved activations fetched with
-// cp.async while its GEMM runs.
+// from interleaving: 1.8 ms), a branch-free erfc, warps and registers per width and direction
+// (max_warps, kMinBlocks), tile indices that are shifts (no integer division per element),
+// compile-time dims for W x W layers (with_layer_dims), and the backward's saved activations
+// fetched with cp.async while its GEMM runs.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .row.col; g = lane / 4, t = lane % 4):
 //   A 16x16: a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..)
