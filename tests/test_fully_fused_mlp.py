@@ -29,6 +29,7 @@ SHAPES = [
     ((5, 7, 16), 48, 8, 3),  # hidden not a power of two
     ((10, 130), 32, 8, 2),  # in > 128: the composed path on CUDA too
     ((1, 8), 32, 1, 2),  # one row, one output
+    ((40, 64), 64, 64, 3),  # every layer 64 x 64: compile-time dims throughout
 ]
 
 
