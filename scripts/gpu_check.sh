@@ -56,13 +56,14 @@ print(" ".join(m for m in ("pytest", "expecttest", "hypothesis", "numpy") if not
 
 # The kernel-tier tests of each op, in parallel (python + torch under a sanitizer start slowly;
 # the whole suite would take hours). The profiler-based test sees no events there. initcheck
-# runs without torch's caching allocator, whose reused blocks would hide unwritten reads;
-# reports from cuBLASLt's own kernels (no fusedops `_kernel` name) belong to that library.
+# runs without torch's caching allocator, whose reused blocks would hide unwritten reads.
+# cuBLASLt's own kernels (nvjet_*) are not checked: racecheck reports hazards inside its split-K
+# GEMMs, which belong to that library.
 sanitizer() {
   run_tool() {  # tool name pytest-args...
     local tool=$1 name=$2
     shift 2
-    compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    compute-sanitizer --tool "$tool" --error-exitcode 9 --kernel-name-exclude kns=nvjet \
       python3 -m pytest -q -p no:cacheprovider -x "$@" >"$RESULTS/$tool-$name.log" 2>&1
     local rc=$?
     echo "$rc" >>"$RESULTS/sanitizer.rc"
@@ -74,7 +75,7 @@ sanitizer() {
   local mlp=(tests/test_mlp.py tests/test_bias_gelu.py -m cuda -k "not compile and not epilogues_used")
   # (Under memcheck, the CUDA-graph test's capture fails in autograd's stream sync, and the
   # profiler sees no kernels: those tests are left out.)
-  local ffm=(tests/test_fully_fused_mlp.py -m cuda -k "not fused_kernels_run and not warps_that_fit and not 10_warps and not graph")
+  local ffm=(tests/test_fully_fused_mlp.py -m cuda -k "not fused_kernels_run and not warps_that_fit and not block_sizes and not graph")
   # Kernels launched while the one ahead of them still runs, each on its output.
   local chain=(tests/test_chained_kernels.py -k "not 300000")
   rm -f "$RESULTS/sanitizer.rc"

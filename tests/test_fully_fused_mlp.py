@@ -363,13 +363,16 @@ def test_cuda_width_128_takes_the_warps_that_fit(n_in, layers, cuda_device, tmp_
 
 
 @pytest.mark.cuda
-def test_cuda_width_64_forward_takes_10_warps(cuda_device, tmp_path):
-    # Two blocks per SM each way at width 64: 10 warps forward (96 registers), 8 backward.
+def test_cuda_width_64_block_sizes(cuda_device, tmp_path):
+    # Width 64 with 227 KiB of shared memory: the forward two blocks of 10 warps per SM (96
+    # registers), the backward, which sums the weight gradients, one block of 16.
+    if torch.cuda.get_device_properties(cuda_device).shared_memory_per_block_optin != 227 * 1024:
+        pytest.skip("the expected block sizes are for 227 KiB of shared memory per block")
     torch.manual_seed(0)
     mlp = FullyFusedMLP(64, 64, 64, 4).to(cuda_device, torch.bfloat16)
     x = torch.randn(5000, 64, device=cuda_device, dtype=torch.bfloat16, requires_grad=True)
     blocks = _block_sizes(lambda: mlp(x).sum().backward(), tmp_path)
-    assert blocks == {"forward": 320, "backward": 256}
+    assert blocks == {"forward": 320, "backward": 512}
 
 
 def one_past_16_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -404,11 +407,11 @@ def test_cuda_misaligned_tensors(activation, cuda_device):
     bwd_off = ops.fully_fused_mlp_bwd(dy_off, x_off, weights, *saves_off, activation, "gelu", True)
     grad_x, grad_w, grad_b = bwd
     grad_x_off, grad_w_off, grad_b_off = bwd_off
-    for g, g_off in zip([grad_x, *grad_b], [grad_x_off, *grad_b_off], strict=True):
+    # At width 64 the backward kernel sums the weight gradients too: every output the same bits.
+    for g, g_off in zip(
+        [grad_x, *grad_w, *grad_b], [grad_x_off, *grad_w_off, *grad_b_off], strict=True
+    ):
         assert torch.equal(g, g_off)
-    # The weight gradients are cuBLAS GEMMs over the saves, free to pick another kernel for them.
-    for g, g_off in zip(grad_w, grad_w_off, strict=True):
-        torch.testing.assert_close(g, g_off)
 
 
 @pytest.mark.cuda

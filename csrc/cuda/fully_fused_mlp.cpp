@@ -1,7 +1,8 @@
 // Host side of the CUDA fully fused MLP: fp16/bf16 problems the kernels serve (sm_80+, features up
 // to 128, every layer's weights in one block's shared memory) run fully_fused_mlp_kernels.cu;
-// everything else runs the composed path. The backward's weight and bias gradients are ATen GEMMs
-// and sums over the pre-activation gradients the backward kernel writes.
+// everything else runs the composed path. The host adds the backward kernel's partial sums of the
+// bias and (up to width 64) weight gradients; wider, the weight gradients are ATen GEMMs over the
+// pre-activation gradients the kernel writes.
 #include "fully_fused_mlp.h"
 
 #include <ATen/Dispatch.h>
@@ -11,6 +12,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "common/cuda_host.h"
@@ -93,44 +96,69 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
     return ffm_bwd_composed(p, grad_out, x, weights, hidden_act, hidden_pre, out_pre);
   }
   const at::Tensor go = grad_out.contiguous();
+  const at::Tensor xc = x.contiguous();
   const bool out_grad_differs = p.out_act != MlpActivation::kNone;
-  at::Tensor grad_out_pre = out_grad_differs ? at::empty({p.rows, p.out}, x.options()) : go;
-  at::Tensor grad_hidden_pre = at::empty({p.hidden_layers, p.rows, p.hidden}, x.options());
+  const DeviceInfo dev = current_device_info();
   at::Tensor grad_x = at::empty(x.sizes(), x.options());
-  at::Tensor bias_partial;  // fp32 [warps, matrices, width]: the bias gradients, summed below
-  if (p.rows > 0) {
-    std::vector<at::Tensor> keep;
-    AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "fully_fused_mlp_bwd", [&] {
-      using T = cuda_t<scalar_t>;
-      FfmBackward<T> b{};
-      b.s = shape_of(p);
-      b.grad_out = cuda_ptr<scalar_t>(go);
-      for (size_t l = 0; l < weights.size(); ++l) {
-        b.w[l] = contiguous_ptr<scalar_t>(weights[l], keep);
-      }
-      b.hidden_act = contiguous_ptr<scalar_t>(hidden_act, keep);
-      if (is_gelu(p.act)) {
-        b.hidden_pre = contiguous_ptr<scalar_t>(hidden_pre, keep);
-      }
+  at::Tensor grad_out_pre = go, grad_hidden_pre;  // what the weight GEMMs read, when they run
+  // fp32 partial sums: [warps, matrices, width] of the bias gradients, [blocks, weight elements]
+  // of the weight gradients (where the kernel sums them).
+  at::Tensor bias_partial, weight_partial;
+  FfmBackwardPlan plan{};
+  std::vector<at::Tensor> keep;
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "fully_fused_mlp_bwd", [&] {
+    using T = cuda_t<scalar_t>;
+    FfmBackward<T> b{};
+    b.s = shape_of(p);
+    plan = ffm_backward_plan<T>(b.s, dev);
+    b.grad_out = cuda_ptr<scalar_t>(go);
+    for (size_t l = 0; l < weights.size(); ++l) {
+      b.w[l] = contiguous_ptr<scalar_t>(weights[l], keep);
+    }
+    b.hidden_act = contiguous_ptr<scalar_t>(hidden_act, keep);
+    if (is_gelu(p.act)) {
+      b.hidden_pre = contiguous_ptr<scalar_t>(hidden_pre, keep);
+    }
+    if (out_grad_differs) {
+      b.out_pre = contiguous_ptr<scalar_t>(out_pre, keep);
+    }
+    b.grad_x = cuda_mut_ptr<scalar_t>(grad_x);
+    const auto f32 = x.options().dtype(at::kFloat);
+    if (plan.weight_grads) {
+      b.x = cuda_ptr<scalar_t>(xc);
+      weight_partial = at::empty({plan.weight_partial}, f32);
+      b.weight_partial = weight_partial.mutable_data_ptr<float>();
+    } else {
       if (out_grad_differs) {
-        b.out_pre = contiguous_ptr<scalar_t>(out_pre, keep);
+        grad_out_pre = at::empty({p.rows, p.out}, x.options());
         b.grad_out_pre = cuda_mut_ptr<scalar_t>(grad_out_pre);
       }
+      grad_hidden_pre = at::empty({p.hidden_layers, p.rows, p.hidden}, x.options());
       b.grad_hidden_pre = cuda_mut_ptr<scalar_t>(grad_hidden_pre);
-      b.grad_x = cuda_mut_ptr<scalar_t>(grad_x);
-      if (has_bias) {
-        const DeviceInfo dev = current_device_info();
-        bias_partial =
-            at::empty({ffm_backward_bias_partials<T>(b.s, dev)}, x.options().dtype(at::kFloat));
-        b.bias_partial = bias_partial.mutable_data_ptr<float>();
-      }
-      C10_CUDA_CHECK(ffm_backward_cuda(b, current_device_info(), at::cuda::getCurrentCUDAStream()));
-    });
+    }
+    if (has_bias) {
+      bias_partial = at::empty({plan.bias_partial}, f32);
+      b.bias_partial = bias_partial.mutable_data_ptr<float>();
+    }
+    if (p.rows > 0) C10_CUDA_CHECK(ffm_backward_cuda(b, dev, at::cuda::getCurrentCUDAStream()));
+  });
+  std::vector<at::Tensor> grad_w, grad_b;
+  if (plan.weight_grads) {
+    // The blocks' sums, summed in a fixed order (deterministic); no rows: no blocks, zeros.
+    std::vector<int64_t> numels;
+    for (const at::Tensor& w : weights) numels.push_back(w.numel());
+    const int64_t elems = std::accumulate(numels.begin(), numels.end(), int64_t(0));
+    const auto sums =
+        weight_partial.view({plan.weight_partial / elems, elems}).sum(0).split_with_sizes(numels);
+    for (size_t l = 0; l < weights.size(); ++l) {
+      grad_w.push_back(sums[l].view_as(weights[l]).to(x.scalar_type()));
+    }
+  } else {
+    FfmProblem weights_only = p;
+    weights_only.has_bias = false;
+    std::tie(grad_w, std::ignore) = ffm_param_grads(weights_only, x, hidden_act, grad_hidden_pre,
+                                                    grad_out_pre.reshape({p.rows, p.out}));
   }
-  FfmProblem weights_only = p;
-  weights_only.has_bias = false;
-  auto [grad_w, grad_b] = ffm_param_grads(weights_only, x, hidden_act, grad_hidden_pre,
-                                          grad_out_pre.reshape({p.rows, p.out}));
   if (has_bias) {
     // The warps' column sums, summed in a fixed order: deterministic.
     const int64_t width = ffm_width(shape_of(p));

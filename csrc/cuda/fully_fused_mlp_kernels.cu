@@ -2,15 +2,16 @@
 // per warp, forward and backward.
 //
 // Why it is fast: an eager MLP of width w writes and re-reads a [rows, w] activation per layer;
-// here only x and y (forward) or grad_out, the saved activations and the gradients the weight
-// GEMMs need (backward) touch DRAM. A warp keeps its 16 rows in registers from layer to layer:
-// the fp32 accumulator of one m16n8k16 MMA, rounded to bf16/fp16 pairs, is exactly the A-operand
-// fragment of the next layer's MMA (same rows, same column pairs), so activations never go
-// through shared memory. Every layer's weights sit in shared memory for the life of a persistent
-// block, loaded once from L2; each warp reads B fragments from there with conflict-free
-// ldmatrix.x4 (rows padded by kSkew halves). What goes to or comes from DRAM (x, y, the saves, the
-// gradients) passes through a small per-warp staging tile, which makes those accesses coalesced
-// whatever the feature count, and 16 bytes wide where the rows and pointers are 16-byte aligned.
+// here only x and y (forward) or grad_out, the saves and grad_x (backward) touch DRAM: up to width
+// 64 the backward also sums the weight gradients on chip (accumulate_weight_grads). A warp keeps
+// its 16 rows in registers from layer to layer: the fp32 accumulator of one m16n8k16 MMA, rounded
+// to bf16/fp16 pairs, is exactly the A-operand fragment of the next layer's MMA (same rows, same
+// column pairs), so activations never go through shared memory. Every layer's weights sit in shared
+// memory for the life of a persistent block, loaded once from L2; each warp reads B fragments from
+// there with conflict-free ldmatrix.x4 (rows padded by kSkew halves). What goes to or comes from
+// DRAM (x, y, the saves, the gradients) passes through a small per-warp staging tile, which makes
+// those accesses coalesced whatever the feature count, and 16 bytes wide where the rows and
+// pointers are 16-byte aligned.
 //
 // Measured on an H100 (bf16, 4 hidden layers): the narrow widths are bound by instruction issue and
 // latency, not by DRAM; the erf GELU is a third of the forward at width 64 (ReLU: 0.57 ms, GELU:
@@ -91,9 +92,13 @@ __host__ __device__ constexpr int stage_ld(int width) { return width + kSkew; }
 // The most warps a block of this width runs. A width-128 block is alone on its SM (its weights fill
 // shared memory), and 8 warps of 188 registers left that SM waiting on dependencies: it takes 12
 // (at most 168 registers each) where their staging tiles fit beside the weights (warps_for). The
-// width-64 forward takes 10 (see kMinBlocks).
-__host__ __device__ constexpr int max_warps(int width, bool backward) {
-  return width >= 128 ? 12 : width == 64 && !backward ? 10 : kWarps;
+// width-64 forward takes 10, its backward 16 where it sums the weight gradients (one block per SM:
+// the sums take 80 KB of shared memory), else 8 (see kMinBlocks).
+__host__ __device__ constexpr int max_warps(int width, bool backward, bool weight_grads) {
+  return width >= 128                  ? 12
+         : width == 64 && weight_grads ? 16
+         : width == 64 && !backward    ? 10
+                                       : kWarps;
 }
 
 // The register width: the smallest of 16, 32, 64, 128 that holds every layer's features.
@@ -103,25 +108,41 @@ inline int width_of(const FfmShape& s) {
   return w <= 16 ? 16 : w <= 32 ? 32 : w <= 64 ? 64 : 128;
 }
 
+// Floats of a block's weight-gradient sums in shared memory: every matrix at its padded dims.
+__host__ __device__ inline int weight_grad_floats(const FfmShape& s) {
+  int floats = 0;
+  for (int l = 0; l < s.matrices; ++l) floats += mat_dims(s, l).n * mat_dims(s, l).k;
+  return floats;
+}
+// Elements of every weight matrix: a block's row of FfmBackward::weight_partial.
+__host__ __device__ inline int weight_grad_elems(const FfmShape& s) {
+  int elems = 0;
+  for (int l = 0; l < s.matrices; ++l) elems += mat_real_n(s, l) * mat_real_k(s, l);
+  return elems;
+}
+
 // Shared memory of one block of `warps` warps: every matrix, the fp32 biases (forward), the
-// staging tiles.
+// staging tiles; a backward that sums the weight gradients adds a second set of staging tiles
+// (each layer's input) and the fp32 sums.
 template <typename T>
-size_t smem_bytes(const FfmShape& s, bool backward, int warps) {
+size_t smem_bytes(const FfmShape& s, bool backward, bool weight_grads, int warps) {
   size_t halves = 0, biases = 0;
   for (int l = 0; l < s.matrices; ++l) {
     halves += mat_elems(s, l, backward);
     biases += mat_dims(s, l).n;
   }
-  return halves * sizeof(T) + (backward ? 0 : biases * sizeof(float)) +
-         size_t(warps) * kTileRows * stage_ld(width_of(s)) * sizeof(T);
+  const size_t tiles = size_t(warps) * kTileRows * stage_ld(width_of(s)) * sizeof(T);
+  return halves * sizeof(T) + (backward ? 0 : biases * sizeof(float)) + tiles +
+         (weight_grads ? tiles + weight_grad_floats(s) * sizeof(float) : 0);
 }
 
 // Warps per block for s on this device: max_warps where that block fits its shared memory, else
 // kWarps (deep width-128 networks on sm_87's 163 KiB, say).
 template <typename T>
-int warps_for(const FfmShape& s, bool backward, const DeviceInfo& dev) {
-  const int most = max_warps(width_of(s), backward);
-  return smem_bytes<T>(s, backward, most) <= size_t(dev.max_smem_optin) ? most : kWarps;
+int warps_for(const FfmShape& s, bool backward, bool weight_grads, const DeviceInfo& dev) {
+  const int most = max_warps(width_of(s), backward, weight_grads);
+  return smem_bytes<T>(s, backward, weight_grads, most) <= size_t(dev.max_smem_optin) ? most
+                                                                                      : kWarps;
 }
 
 template <typename T>
@@ -147,12 +168,20 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 }
 
 // Four 8x8 b16 matrices from shared memory; lane i gives the address of row i % 8 of matrix i / 8
-// and receives (row lane / 4, columns 2 * (lane % 4) + {0, 1}) of each: a B fragment pair.
+// and receives (row lane / 4, columns 2 * (lane % 4) + {0, 1}) of each: a B fragment pair. kTrans:
+// (rows 2 * (lane % 4) + {0, 1}, column lane / 4) of each instead, the matrices transposed.
+template <bool kTrans = false>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+  }
 #else
   __trap();
 #endif
@@ -216,6 +245,14 @@ template <MlpActivation A>
 struct ActivateGrad {
   __device__ __forceinline__ float operator()(float x) const { return activate_grad(A, x); }
 };
+// (act(x), act'(x)) from the saved tile's x: the GELUs' pre-activation, whose Gaussian both
+// share (one evaluation after inlining); ReLU's x is its output already and stays.
+template <MlpActivation A>
+struct ActivateWithGrad {
+  __device__ __forceinline__ float2 operator()(float x) const {
+    return {A == MlpActivation::kRelu ? x : activate(A, x), activate_grad(A, x)};
+  }
+};
 
 // f(Fn<act>{}) with act fixed at compile time: one switch per layer around f's loop, not one per
 // element (per element it kept the GELUs from interleaving). none does nothing: identity, act' 1.
@@ -264,6 +301,32 @@ __device__ __forceinline__ void mul_activate_grad(float (&c)[W / 8][4], const T*
           unpack2<T>(load32(q + 8 * h * ld + nt * 8), x0, x1);
           c[nt][2 * h] *= grad(x0);
           c[nt][2 * h + 1] *= grad(x1);
+        }
+      }
+    }
+  });
+}
+
+// mul_activate_grad for a backward that sums the weight gradients: the saved tile at q also
+// becomes the layer's output act(x) in place (each lane rewrites the elements it read), the input
+// of the next weight gradient, recomputed rather than saved by the forward.
+template <typename T, int W>
+__device__ __forceinline__ void mul_activate_grad_to_input(float (&c)[W / 8][4], T* q, int n,
+                                                           MlpActivation act) {
+  constexpr int ld = stage_ld(W);
+  with_activation<ActivateWithGrad>(act, [&](auto fn) {
+#pragma unroll
+    for (int nt = 0; nt < W / 8; ++nt) {
+      if (nt * 8 < n) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t* pair = reinterpret_cast<uint32_t*>(q + 8 * h * ld + nt * 8);
+          float x0, x1;
+          unpack2<T>(*pair, x0, x1);
+          const float2 v0 = fn(x0), v1 = fn(x1);
+          c[nt][2 * h] *= v0.y;
+          c[nt][2 * h + 1] *= v1.y;
+          *pair = pack2<T>(v0.x, v1.x);
         }
       }
     }
@@ -520,6 +583,64 @@ __device__ __forceinline__ void warp_gemm(float (&c)[W / 8][4], const uint32_t (
   }
 }
 
+// The block's weight gradient of one matrix, sums[n][k] += G^T A over the block's warps * 16 rows:
+// G, the gradient of the matrix's output ([rows][n]), and A, its input ([rows][k]), are the
+// warps' staging tiles side by side ([warps * 16][stage_ld(W)], row r of warp w's tile is block
+// row 16 w + r). Warp w owns the 16 x 16 units u = w, w + warps, ... of the matrix and keeps their
+// fp32 sums in shared memory in fragment order (lane i's 8 floats of unit u at (32 u + i) * 8): no
+// two warps touch the same sums and each adds its rows in one order, so the sums are deterministic.
+// Both operands come through ldmatrix.trans: G^T is the MMA's A, read column-major; A is its B
+// (B[k = row][n = feature], row-major in the tile).
+template <typename T, int W>
+__device__ __forceinline__ void accumulate_weight_grad(float* sums, const T* g_tiles,
+                                                       const T* a_tiles, int n, int k, int warp,
+                                                       int warps, int lane) {
+  constexpr int ld = stage_ld(W);
+  constexpr uint32_t kStep = 16 * ld * sizeof(T);  // 16 block rows: one MMA's K
+  // Lane i addresses row i % 8 of 8x8 matrix i / 8. G^T's A fragment: matrices (features 0-7 |
+  // 8-15) x (rows 0-7 | 8-15), rows outer; A's B fragments for two n8 tiles: (rows 0-7 | 8-15) x
+  // (features 0-7 | 8-15), features outer.
+  const uint32_t g_lane =
+      smem_addr(g_tiles + ((lane >> 4) * 8 + (lane & 7)) * ld + ((lane >> 3) & 1) * 8);
+  const uint32_t a_lane =
+      smem_addr(a_tiles + (((lane >> 3) & 1) * 8 + (lane & 7)) * ld + (lane >> 4) * 8);
+  const int k_units = k / 16, units = n / 16 * k_units;
+  for (int u = warp; u < units; u += warps) {
+    const uint32_t g_addr = g_lane + u / k_units * 16 * sizeof(T);
+    const uint32_t a_addr = a_lane + u % k_units * 16 * sizeof(T);
+    float4* mine = reinterpret_cast<float4*>(sums + (u * 32 + lane) * 8);
+    const float4 s0 = mine[0], s1 = mine[1];
+    float c[2][4] = {{s0.x, s0.y, s0.z, s0.w}, {s1.x, s1.y, s1.z, s1.w}};
+    for (int r = 0; r < warps; ++r) {
+      uint32_t ga[4], ab[4];
+      ldmatrix_x4<true>(ga, g_addr + r * kStep);
+      ldmatrix_x4<true>(ab, a_addr + r * kStep);
+      mma16816<T>(c[0], ga, ab[0], ab[1]);
+      mma16816<T>(c[1], ga, ab[2], ab[3]);
+    }
+    mine[0] = make_float4(c[0][0], c[0][1], c[0][2], c[0][3]);
+    mine[1] = make_float4(c[1][0], c[1][1], c[1][2], c[1][3]);
+  }
+}
+
+// A warp's units of one matrix's sums (fragment order, see accumulate_weight_grad) to dst, the
+// matrix's [n_real][k_real] row-major place in the block's partial: the padding is dropped.
+__device__ __forceinline__ void store_weight_grad(float* dst, const float* sums, int n, int k,
+                                                  int n_real, int k_real, int warp, int warps,
+                                                  int lane) {
+  const int g = lane >> 2, t2 = 2 * (lane & 3);
+  const int k_units = k / 16, units = n / 16 * k_units;
+  for (int u = warp; u < units; u += warps) {
+    const float* mine = sums + (u * 32 + lane) * 8;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {  // n8 tile i / 4; rows g (i % 4 < 2) or g + 8; column pair i % 2
+      const int row = u / k_units * 16 + g + (i & 2) * 4,
+                col = u % k_units * 16 + (i >> 2) * 8 + t2 + (i & 1);
+      if (row < n_real && col < k_real) dst[row * k_real + col] = mine[i];
+    }
+  }
+}
+
 template <int W>
 __device__ __forceinline__ void zero_acc(float (&c)[W / 8][4]) {
 #pragma unroll
@@ -534,14 +655,17 @@ __device__ __forceinline__ void zero_acc(float (&c)[W / 8][4]) {
 // 8 x 2 (123) / 10 x 2 (96) / 6 x 3 (96), ms: inference erf 0.644-0.654 / 0.627-0.637 /
 // 0.629-0.632 / 0.689-0.702, gelu_tanh 0.534 / 0.556 / 0.522 / 0.583; training erf 3.354-3.365 /
 // 3.324-3.333 / 3.326-3.327 / 3.390-3.400. Width 32 (64 registers) at 3 or 2 blocks: within 1%.
-template <int W>
-constexpr int kMinBlocks = W >= 128  ? 1
-                           : W == 64 ? 2
-                                     : 4;
+// A backward that sums the weight gradients: width 64 one block of 16 warps (128 registers), the
+// narrower widths 3 blocks of 8 (80; at 64, ptxas spilled 196 bytes at width 32).
+template <int W, bool kWeightGrads = false>
+constexpr int kMinBlocks = W >= 128      ? 1
+                           : kWeightGrads ? (W == 64 ? 1 : 3)
+                           : W == 64      ? 2
+                                          : 4;
 
 // Persistent blocks: each loads the weights once, then walks tiles of (its warps) x 16 rows.
 template <typename T, int W>
-__global__ void __launch_bounds__(max_warps(W, false) * 32, kMinBlocks<W>)
+__global__ void __launch_bounds__(max_warps(W, false, false) * 32, kMinBlocks<W>)
     ffm_forward_kernel(const FfmForward<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const FfmShape& s = p.s;
@@ -620,14 +744,19 @@ __global__ void __launch_bounds__(max_warps(W, false) * 32, kMinBlocks<W>)
 }
 
 // Walks the layers backward: grad of the output's pre-activation -> through W_L^T -> times act'
-// -> grad of hidden layer L-1's pre-activation (stored) -> ... -> through W_0^T -> grad_x.
-template <typename T, int W>
-__global__ void __launch_bounds__(max_warps(W, true) * 32, kMinBlocks<W>)
+// -> grad of hidden layer L-1's pre-activation -> ... -> through W_0^T -> grad_x. kWeightGrads:
+// each layer's weight gradient is summed here too (accumulate_weight_grad, the block's warps in
+// step, two barriers per layer), its input act(pre) recomputed from the saved pre-activation;
+// else each pre-activation gradient is stored for the host's weight GEMMs.
+template <typename T, int W, bool kWeightGrads>
+__global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
+                                  kMinBlocks<W, kWeightGrads>)
     ffm_backward_kernel(const FfmBackward<T> p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const FfmShape& s = p.s;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   const int g = lane >> 2, t2 = 2 * (lane & 3);
+  constexpr int ld = stage_ld(W);
 
   T* weights = reinterpret_cast<T*>(smem);
   int halves = 0;
@@ -635,7 +764,16 @@ __global__ void __launch_bounds__(max_warps(W, true) * 32, kMinBlocks<W>)
     load_matrix(weights + halves, p.w[l], mat_real_n(s, l), mat_real_k(s, l), mat_dims(s, l), true);
     halves += mat_elems(s, l, true);
   }
-  T* stage = weights + halves + warp * kTileRows * stage_ld(W);
+  // The staging tiles: the warp's gradient tile (stage), then with kWeightGrads its input tile
+  // (the layer's saved tile, then act of it), each set [warps * 16][ld], then the fp32 sums.
+  T* const grad_tiles = weights + halves;
+  T* const input_tiles = grad_tiles + warps * kTileRows * ld;
+  T* stage = grad_tiles + warp * kTileRows * ld;
+  T* input = input_tiles + warp * kTileRows * ld;
+  float* const weight_sums = reinterpret_cast<float*>(input_tiles + warps * kTileRows * ld);
+  if constexpr (kWeightGrads) {
+    for (int i = threadIdx.x; i < weight_grad_floats(s); i += blockDim.x) weight_sums[i] = 0.f;
+  }
   float* partial = p.bias_partial
                        ? p.bias_partial + (int64_t(blockIdx.x) * warps + warp) * s.matrices * W
                        : nullptr;
@@ -644,20 +782,25 @@ __global__ void __launch_bounds__(max_warps(W, true) * 32, kMinBlocks<W>)
   }
   __syncthreads();
 
-  // ReLU's derivative reads the saved output; the GELUs' read the saved pre-activation.
-  const T* deriv = s.act == MlpActivation::kNone ? nullptr
-                   : p.hidden_pre                ? p.hidden_pre
-                                                 : p.hidden_act;
+  // The saved tile of each hidden layer: the GELUs' pre-activation, else the output (ReLU's
+  // derivative reads its sign; a weight gradient reads it as the next matrix's input).
+  const T* saved = p.hidden_pre ? p.hidden_pre : p.hidden_act;
+  // The tile act' comes from, if any; kWeightGrads loads `saved` for every activation.
+  const T* deriv = s.act == MlpActivation::kNone ? nullptr : saved;
+  const T* load = kWeightGrads ? saved : deriv;
+  T* const load_to = kWeightGrads ? input : stage;
   // Whether each matrix takes the 16-byte path (uniform). The saves and grad_hidden_pre have
   // 16-byte rows (hidden is a multiple of 16); the saves may still sit at any offset.
   const bool go_vec = vec_ok(p.grad_out, s.out) && (!p.out_pre || vec_ok(p.out_pre, s.out));
   const bool go_pre_vec = p.grad_out_pre && vec_ok(p.grad_out_pre, s.out);
-  const bool deriv_vec = deriv && vec_ok(deriv, s.hidden);
-  const bool ghp_vec = vec_ok(p.grad_hidden_pre, s.hidden), gx_vec = vec_ok(p.grad_x, s.in);
+  const bool load_vec = load && vec_ok(load, s.hidden);
+  const bool ghp_vec = !kWeightGrads && vec_ok(p.grad_hidden_pre, s.hidden);
+  const bool gx_vec = vec_ok(p.grad_x, s.in), x_vec = kWeightGrads && vec_ok(p.x, s.in);
   const int64_t tiles = (s.rows + warps * kTileRows - 1) / (warps * kTileRows);
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t r0 = (tile * warps + warp) * kTileRows;
-    if (r0 >= s.rows) break;
+    // kWeightGrads: every warp takes part in the block's barriers; past the rows its tiles are 0.
+    if (!kWeightGrads && r0 >= s.rows) break;
     const int valid = s.rows - r0 < kTileRows ? int(s.rows - r0) : kTileRows;
     ColumnSums<W> sums;
     float* out_partial = partial ? partial + (s.matrices - 1) * W : nullptr;
@@ -672,6 +815,15 @@ __global__ void __launch_bounds__(max_warps(W, true) * 32, kMinBlocks<W>)
     tile_to_frags<T, W>(a, stage, pad16(s.out), lane);
     __syncwarp();
 
+    // The block's weight gradient of matrix l (n x k), matrices walked last to first.
+    int sums_offset = weight_grad_floats(s);
+    const auto weight_grad = [&](int n, int k) {
+      sums_offset -= n * k;
+      __syncthreads();  // every warp's tiles written
+      accumulate_weight_grad<T, W>(weight_sums + sums_offset, grad_tiles, input_tiles, n, k, warp,
+                                   warps, lane);
+      __syncthreads();  // and read
+    };
     float c[W / 8][4];
     const T* ws = weights + halves;
     for (int l = s.matrices - 1; l >= 1; --l) {  // into hidden layer l - 1
@@ -679,34 +831,66 @@ __global__ void __launch_bounds__(max_warps(W, true) * 32, kMinBlocks<W>)
       float* layer_partial = partial ? partial + (l - 1) * W : nullptr;
       if (partial) sums.prefetch(layer_partial, s.hidden, lane);
       const int64_t layer = int64_t(l - 1) * s.rows * s.hidden;
-      // act' of this layer comes from its saved tile, through the staging tile (coalesced):
-      // fetched during the GEMM where the 16-byte path allows.
-      if (deriv_vec) load_tile_async<T, W>(stage, deriv + layer, r0, s.rows, s.hidden, lane);
+      // The saved tile of this layer, through a staging tile (coalesced): fetched during the GEMM
+      // where the 16-byte path allows.
+      if (load_vec) load_tile_async<T, W>(load_to, load + layer, r0, s.rows, s.hidden, lane);
       zero_acc<W>(c);
       with_layer_dims<W>(mat_dims(s, l), [&](auto n, auto k) {
         warp_gemm<T, W>(c, a, ws, n + kSkew, k, n, lane);
-        if (deriv) {
-          if (deriv_vec) {
+        if (load) {
+          if (load_vec) {
             cp_async_wait();
           } else {
-            load_tile<T, W>(stage, deriv + layer, r0, s.rows, s.hidden, false,
+            load_tile<T, W>(load_to, load + layer, r0, s.rows, s.hidden, false,
                             static_cast<const T*>(nullptr), MlpActivation::kNone, lane);
           }
           __syncwarp();
-          mul_activate_grad<T, W>(c, stage + g * stage_ld(W) + t2, k, s.act);
+          if constexpr (kWeightGrads) {
+            mul_activate_grad_to_input<T, W>(c, input + g * ld + t2, k, s.act);
+          } else {
+            mul_activate_grad<T, W>(c, stage + g * ld + t2, k, s.act);
+          }
           __syncwarp();
         }
-        store_acc<T, W>(p.grad_hidden_pre + layer, stage, c, k, r0, s.rows, s.hidden, ghp_vec,
-                        lane);
+        if constexpr (kWeightGrads) {
+          weight_grad(n, k);
+          acc_to_tile<T, W>(stage, c, k, lane);
+          __syncwarp();
+        } else {
+          store_acc<T, W>(p.grad_hidden_pre + layer, stage, c, k, r0, s.rows, s.hidden, ghp_vec,
+                          lane);
+        }
         if (partial) sums.add(layer_partial, stage, valid, s.hidden, lane);
         acc_to_frags<T, W>(a, c, k);
       });
     }
+    if constexpr (kWeightGrads) {  // x, the first matrix's input
+      if (x_vec) {
+        load_tile_async<T, W>(input, p.x, r0, s.rows, s.in, lane);
+      } else {
+        load_tile<T, W>(input, p.x, r0, s.rows, s.in, false, static_cast<const T*>(nullptr),
+                        MlpActivation::kNone, lane);
+      }
+    }
     zero_acc<W>(c);
     with_layer_dims<W>(mat_dims(s, 0), [&](auto n, auto k) {
       warp_gemm<T, W>(c, a, weights, n + kSkew, k, n, lane);
+      if constexpr (kWeightGrads) {
+        cp_async_wait();
+        weight_grad(n, k);
+      }
       store_acc<T, W>(p.grad_x, stage, c, k, r0, s.rows, s.in, gx_vec, lane);
     });
+  }
+  if constexpr (kWeightGrads) {  // the block's sums, each warp its own units
+    float* dst = p.weight_partial + int64_t(blockIdx.x) * weight_grad_elems(s);
+    for (int l = 0, offset = 0; l < s.matrices; ++l) {
+      const MatDims d = mat_dims(s, l);
+      store_weight_grad(dst, weight_sums + offset, d.n, d.k, mat_real_n(s, l), mat_real_k(s, l),
+                        warp, warps, lane);
+      dst += mat_real_n(s, l) * mat_real_k(s, l);
+      offset += d.n * d.k;
+    }
   }
 }
 
@@ -743,26 +927,38 @@ int grid_size(Kernel kernel, const FfmShape& s, int warps, size_t smem, const De
 }
 
 template <typename T, typename Params, typename Kernel>
-cudaError_t launch(Kernel kernel, const Params& p, bool backward, const DeviceInfo& dev,
-                   cudaStream_t stream) {
-  const int warps = warps_for<T>(p.s, backward, dev);
-  const size_t smem = smem_bytes<T>(p.s, backward, warps);
+cudaError_t launch(Kernel kernel, const Params& p, bool backward, bool weight_grads,
+                   const DeviceInfo& dev, cudaStream_t stream) {
+  const int warps = warps_for<T>(p.s, backward, weight_grads, dev);
+  const size_t smem = smem_bytes<T>(p.s, backward, weight_grads, warps);
   kernel<<<grid_size(kernel, p.s, warps, smem, dev), warps * 32, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
+// Whether the backward sums the weight gradients itself: up to width 64, where a block's fp32 sums
+// (80 KB for five 64 x 64 matrices) fit beside the weights and both sets of staging tiles. Width
+// 128's sums alone (64 KB a matrix) would not: the host runs GEMMs over grad_hidden_pre there.
+template <typename T>
+bool sums_weight_grads(const FfmShape& s, const DeviceInfo& dev) {
+  const int warps = warps_for<T>(s, true, true, dev);
+  return width_of(s) <= 64 && smem_bytes<T>(s, true, true, warps) <= size_t(dev.max_smem_optin);
+}
+
 // f(the backward kernel for s's width, that width).
 template <typename T, typename F>
-auto with_backward_kernel(const FfmShape& s, F&& f) {
+auto with_backward_kernel(const FfmShape& s, bool weight_grads, F&& f) {
   switch (width_of(s)) {
     case 16:
-      return f(ffm_backward_kernel<T, 16>, 16);
+      return weight_grads ? f(ffm_backward_kernel<T, 16, true>, 16)
+                          : f(ffm_backward_kernel<T, 16, false>, 16);
     case 32:
-      return f(ffm_backward_kernel<T, 32>, 32);
+      return weight_grads ? f(ffm_backward_kernel<T, 32, true>, 32)
+                          : f(ffm_backward_kernel<T, 32, false>, 32);
     case 64:
-      return f(ffm_backward_kernel<T, 64>, 64);
-    default:
-      return f(ffm_backward_kernel<T, 128>, 128);
+      return weight_grads ? f(ffm_backward_kernel<T, 64, true>, 64)
+                          : f(ffm_backward_kernel<T, 64, false>, 64);
+    default:  // never weight_grads (sums_weight_grads)
+      return f(ffm_backward_kernel<T, 128, false>, 128);
   }
 }
 
@@ -775,47 +971,53 @@ bool ffm_supported(const FfmShape& s, const DeviceInfo& dev) {
   if (!dims || dev.cc_major < 8) return false;
   // fp16 and bf16 need the same bytes.
   const size_t limit = size_t(dev.max_smem_optin);
-  return smem_bytes<__half>(s, false, kWarps) <= limit &&
-         smem_bytes<__half>(s, true, kWarps) <= limit;
+  return smem_bytes<__half>(s, false, false, kWarps) <= limit &&
+         smem_bytes<__half>(s, true, false, kWarps) <= limit;
 }
 
 template <typename T>
 cudaError_t ffm_forward_cuda(const FfmForward<T>& p, const DeviceInfo& dev, cudaStream_t stream) {
   switch (width_of(p.s)) {
     case 16:
-      return launch<T>(ffm_forward_kernel<T, 16>, p, false, dev, stream);
+      return launch<T>(ffm_forward_kernel<T, 16>, p, false, false, dev, stream);
     case 32:
-      return launch<T>(ffm_forward_kernel<T, 32>, p, false, dev, stream);
+      return launch<T>(ffm_forward_kernel<T, 32>, p, false, false, dev, stream);
     case 64:
-      return launch<T>(ffm_forward_kernel<T, 64>, p, false, dev, stream);
+      return launch<T>(ffm_forward_kernel<T, 64>, p, false, false, dev, stream);
     default:
-      return launch<T>(ffm_forward_kernel<T, 128>, p, false, dev, stream);
+      return launch<T>(ffm_forward_kernel<T, 128>, p, false, false, dev, stream);
   }
 }
 
 int ffm_width(const FfmShape& s) { return width_of(s); }
 
 template <typename T>
-int64_t ffm_backward_bias_partials(const FfmShape& s, const DeviceInfo& dev) {
-  return with_backward_kernel<T>(s, [&](auto kernel, int width) {
-    const int warps = warps_for<T>(s, true, dev);
-    const int grid = grid_size(kernel, s, warps, smem_bytes<T>(s, true, warps), dev);
-    return int64_t(grid) * warps * s.matrices * width;
+FfmBackwardPlan ffm_backward_plan(const FfmShape& s, const DeviceInfo& dev) {
+  const bool weight_grads = sums_weight_grads<T>(s, dev);
+  return with_backward_kernel<T>(s, weight_grads, [&](auto kernel, int width) {
+    const int warps = warps_for<T>(s, true, weight_grads, dev);
+    const int64_t grid =
+        grid_size(kernel, s, warps, smem_bytes<T>(s, true, weight_grads, warps), dev);
+    return FfmBackwardPlan{weight_grads, grid * warps * s.matrices * width,
+                           weight_grads ? grid * weight_grad_elems(s) : 0};
   });
 }
 
 template <typename T>
 cudaError_t ffm_backward_cuda(const FfmBackward<T>& p, const DeviceInfo& dev, cudaStream_t stream) {
-  return with_backward_kernel<T>(
-      p.s, [&](auto kernel, int) { return launch<T>(kernel, p, true, dev, stream); });
+  const bool weight_grads = sums_weight_grads<T>(p.s, dev);
+  if (weight_grads != (p.weight_partial != nullptr)) return cudaErrorInvalidValue;  // see the plan
+  return with_backward_kernel<T>(p.s, weight_grads, [&](auto kernel, int) {
+    return launch<T>(kernel, p, true, weight_grads, dev, stream);
+  });
 }
 
 template cudaError_t ffm_forward_cuda<__half>(const FfmForward<__half>&, const DeviceInfo&,
                                               cudaStream_t);
 template cudaError_t ffm_forward_cuda<__nv_bfloat16>(const FfmForward<__nv_bfloat16>&,
                                                      const DeviceInfo&, cudaStream_t);
-template int64_t ffm_backward_bias_partials<__half>(const FfmShape&, const DeviceInfo&);
-template int64_t ffm_backward_bias_partials<__nv_bfloat16>(const FfmShape&, const DeviceInfo&);
+template FfmBackwardPlan ffm_backward_plan<__half>(const FfmShape&, const DeviceInfo&);
+template FfmBackwardPlan ffm_backward_plan<__nv_bfloat16>(const FfmShape&, const DeviceInfo&);
 template cudaError_t ffm_backward_cuda<__half>(const FfmBackward<__half>&, const DeviceInfo&,
                                                cudaStream_t);
 template cudaError_t ffm_backward_cuda<__nv_bfloat16>(const FfmBackward<__nv_bfloat16>&,

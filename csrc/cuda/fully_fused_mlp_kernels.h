@@ -49,12 +49,27 @@ struct FfmBackward {
   const T* hidden_act;  // as saved by the forward
   const T* hidden_pre;  // as saved, or null when act is not a GELU
   const T* out_pre;     // as saved, or null when out_act is none
-  T* grad_out_pre;      // [rows, out] when out_act is not none (else grad_out is it)
-  T* grad_hidden_pre;   // [hidden_layers, rows, hidden]
-  T* grad_x;            // [rows, in]
+  const T* x;           // [rows, in]: read where the kernel sums the weight gradients
+  // The gradients of the pre-activations the host's weight GEMMs read, written where the kernel
+  // does not sum the weight gradients itself (else null):
+  T* grad_out_pre;     // [rows, out] when out_act is not none (else grad_out is it)
+  T* grad_hidden_pre;  // [hidden_layers, rows, hidden]
+  T* grad_x;           // [rows, in]
   // Per-warp column sums of every layer's pre-activation gradient (the bias gradients), fp32
-  // [warps, matrices, ffm_width(s)] (ffm_backward_bias_partials floats), or null: sum over warps.
+  // [warps, matrices, ffm_width(s)] (FfmBackwardPlan::bias_partial floats), or null: sum over
+  // warps.
   float* bias_partial;
+  // Each block's sums of every weight gradient, fp32 [blocks, sum of out_l * in_l] (each matrix
+  // row-major in turn, FfmBackwardPlan::weight_partial floats) where the plan says weight_grads,
+  // else null: sum over blocks.
+  float* weight_partial;
+};
+
+// How the backward runs a shape on this device.
+struct FfmBackwardPlan {
+  bool weight_grads;       // the kernel sums the weight gradients (up to width 64, where they fit)
+  int64_t bias_partial;    // floats of FfmBackward::bias_partial
+  int64_t weight_partial;  // floats of FfmBackward::weight_partial (0 unless weight_grads)
 };
 
 // Whether the kernels serve this shape on this device: sm_80+, and the weights of every layer fit
@@ -64,16 +79,16 @@ bool ffm_supported(const FfmShape& s, const DeviceInfo& dev);
 // The kernels' padded width: 16, 32, 64 or 128, whichever first holds every layer's features.
 int ffm_width(const FfmShape& s);
 
-// Floats of FfmBackward::bias_partial for this shape on this device.
 template <typename T>
-int64_t ffm_backward_bias_partials(const FfmShape& s, const DeviceInfo& dev);
+FfmBackwardPlan ffm_backward_plan(const FfmShape& s, const DeviceInfo& dev);
 
 // The forward; writes the saves when p.hidden_act is not null.
 template <typename T>
 cudaError_t ffm_forward_cuda(const FfmForward<T>& p, const DeviceInfo& dev, cudaStream_t stream);
 
-// The data half of the backward: the gradient of every layer's pre-activation and of x. The weight
-// and bias gradients are GEMMs and row sums over those (the host runs them).
+// The backward: grad_x, the per-warp bias-gradient sums, and either each block's weight-gradient
+// sums (plan.weight_grads) or every layer's pre-activation gradient for the host's weight GEMMs.
+// The host adds the partial sums in a fixed order.
 template <typename T>
 cudaError_t ffm_backward_cuda(const FfmBackward<T>& p, const DeviceInfo& dev, cudaStream_t stream);
 
