@@ -115,7 +115,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ffm_empty_saves(const FfmProblem&
     return at::empty(keep && save ? shape : at::IntArrayRef{0}, opts);
   };
   const std::vector<int64_t> hidden = {p.hidden_layers, p.rows, p.hidden};
-  return {save_if(true, hidden), save_if(is_gelu(p.act), hidden),
+  return {save_if(!is_gelu(p.act), hidden), save_if(is_gelu(p.act), hidden),
           save_if(p.out_act != MlpActivation::kNone, {p.rows, p.out})};
 }
 
@@ -126,9 +126,10 @@ FfmFwdOutputs ffm_fwd_composed(const FfmProblem& p, const at::Tensor& x, at::Ten
   for (int64_t l = 0; l < p.hidden_layers; ++l) {
     const at::Tensor pre = linear(h, weights[l], biases, l);
     h = activate(p.act, pre);
-    if (save_for_backward) {
+    if (save_for_backward && is_gelu(p.act)) {
+      hidden_pre[l].copy_(pre);
+    } else if (save_for_backward) {
       hidden_act[l].copy_(h);
-      if (hidden_pre.numel() > 0) hidden_pre[l].copy_(pre);
     }
   }
   const at::Tensor pre = linear(h, weights.back(), biases, p.hidden_layers);
@@ -138,15 +139,20 @@ FfmFwdOutputs ffm_fwd_composed(const FfmProblem& p, const at::Tensor& x, at::Ten
   return {activate(p.out_act, pre).reshape(shape), hidden_act, hidden_pre, out_pre};
 }
 
+at::Tensor ffm_hidden_outputs(const FfmProblem& p, const at::Tensor& hidden_act,
+                              const at::Tensor& hidden_pre) {
+  return is_gelu(p.act) ? activate(p.act, hidden_pre) : hidden_act;
+}
+
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> ffm_param_grads(
-    const FfmProblem& p, const at::Tensor& x, const at::Tensor& hidden_act,
+    const FfmProblem& p, const at::Tensor& x, const at::Tensor& hidden_out,
     const at::Tensor& grad_hidden_pre, const at::Tensor& grad_out_pre) {
   std::vector<at::Tensor> grad_w, grad_b;
   const at::Tensor x2 = x.reshape({p.rows, p.in});
   for (int64_t l = 0; l < p.hidden_layers; ++l) {
-    grad_w.push_back(at::mm(grad_hidden_pre[l].t(), l == 0 ? x2 : hidden_act[l - 1]));
+    grad_w.push_back(at::mm(grad_hidden_pre[l].t(), l == 0 ? x2 : hidden_out[l - 1]));
   }
-  grad_w.push_back(at::mm(grad_out_pre.t(), hidden_act[p.hidden_layers - 1]));
+  grad_w.push_back(at::mm(grad_out_pre.t(), hidden_out[p.hidden_layers - 1]));
   if (p.has_bias) {
     // One reduction for every hidden layer; outputs of an op must not alias: small copies.
     for (const at::Tensor& g : at::sum(grad_hidden_pre, 1).unbind(0)) grad_b.push_back(g.clone());
@@ -167,17 +173,22 @@ FfmProblem check_ffm_bwd(const at::Tensor& grad_out, const at::Tensor& x, at::Te
         t.sizes() == shape, "fusedops.", op, ": ", arg, " must have shape ", to_text(shape),
         " (as the forward saved it with save_for_backward=True), got ", to_text(t.sizes()));
   };
-  TORCH_CHECK(grad_out.device() == hidden_act.device(), "fusedops.", op, ": grad_out is on ",
-              grad_out.device(), " but the saved tensors are on ", hidden_act.device());
-  TORCH_CHECK_TYPE(grad_out.scalar_type() == hidden_act.scalar_type(), "fusedops.", op,
+  // The save every activation has: its derivative's input.
+  const at::Tensor& saved = is_gelu(p.act) ? hidden_pre : hidden_act;
+  TORCH_CHECK(grad_out.device() == saved.device(), "fusedops.", op, ": grad_out is on ",
+              grad_out.device(), " but the saved tensors are on ", saved.device());
+  TORCH_CHECK_TYPE(grad_out.scalar_type() == saved.scalar_type(), "fusedops.", op,
                    ": grad_out has dtype ", grad_out.scalar_type(), " but the output has dtype ",
-                   hidden_act.scalar_type());
+                   saved.scalar_type());
   TORCH_CHECK_VALUE(grad_out.numel() == p.rows * p.out && grad_out.size(-1) == p.out, "fusedops.",
                     op, ": grad_out has shape ", to_text(grad_out.sizes()), " but the output has ",
                     to_text(p.rows), " rows of ", to_text(p.out), " features");
   const std::vector<int64_t> hidden = {p.hidden_layers, p.rows, p.hidden};
-  check("hidden_act", hidden_act, hidden);
-  if (is_gelu(p.act)) check("hidden_pre", hidden_pre, hidden);
+  if (is_gelu(p.act)) {
+    check("hidden_pre", hidden_pre, hidden);
+  } else {
+    check("hidden_act", hidden_act, hidden);
+  }
   if (p.out_act != MlpActivation::kNone) check("out_pre", out_pre, {p.rows, p.out});
   return p;
 }
@@ -194,11 +205,13 @@ FfmBwdOutputs ffm_bwd_composed(const FfmProblem& p, const at::Tensor& grad_out, 
   at::Tensor grad = grad_out_pre;  // of the pre-activation above the current layer
   for (int64_t l = p.hidden_layers - 1; l >= 0; --l) {
     const at::Tensor grad_act = at::mm(grad, weights[l + 1]);
-    grad_hidden_pre[l].copy_(activate_backward(
-        p.act, grad_act, is_gelu(p.act) ? hidden_pre[l] : at::Tensor(), hidden_act[l]));
+    grad_hidden_pre[l].copy_(is_gelu(p.act)
+                                 ? activate_backward(p.act, grad_act, hidden_pre[l], at::Tensor())
+                                 : activate_backward(p.act, grad_act, at::Tensor(), hidden_act[l]));
     grad = grad_hidden_pre[l];
   }
-  auto [grad_w, grad_b] = ffm_param_grads(p, x, hidden_act, grad_hidden_pre, grad_out_pre);
+  auto [grad_w, grad_b] = ffm_param_grads(p, x, ffm_hidden_outputs(p, hidden_act, hidden_pre),
+                                          grad_hidden_pre, grad_out_pre);
   return {at::mm(grad, weights[0]).reshape(x.sizes()), grad_w, grad_b};
 }
 

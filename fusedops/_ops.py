@@ -168,7 +168,8 @@ def _fully_fused_mlp_fwd_fake(x, weights, biases, activation, output_activation,
 
     return (
         x.new_empty(_features(x, out)),
-        save_if(True, (layers, rows, hidden)),
+        # one save per hidden layer: the GELUs' pre-activation, the others' output
+        save_if(not activation.startswith("gelu"), (layers, rows, hidden)),
         save_if(activation.startswith("gelu"), (layers, rows, hidden)),
         save_if(output_activation != "none", (rows, out)),
     )

@@ -203,6 +203,22 @@ def test_inference_saves_nothing(device):
     torch.testing.assert_close(out, y)
 
 
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_saves_one_tensor_per_hidden_layer(activation, dtype, device):
+    # The GELUs save their pre-activation (the backward recomputes the output from it), the
+    # others their output: one [layers, rows, hidden] tensor either way, on every path.
+    mlp = FullyFusedMLP(8, 4, 16, 3, activation=activation).to(device, dtype)
+    weights = [m.weight.detach() for m in mlp.linears()]
+    biases = [m.bias.detach() for m in mlp.linears()]
+    x = torch.randn(5, 8, device=device, dtype=dtype)
+    _, act, pre, out_pre = torch.ops.fusedops.fully_fused_mlp_fwd(
+        x, weights, biases, activation, "none", True
+    )
+    saved, absent = (pre, act) if activation.startswith("gelu") else (act, pre)
+    assert saved.shape == (3, 5, 16) and absent.numel() == 0 and out_pre.numel() == 0
+
+
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize("activation, output_activation", [("gelu", "none"), ("relu", "gelu")])
 def test_opcheck(activation, output_activation, requires_grad, device):

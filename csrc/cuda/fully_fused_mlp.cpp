@@ -100,7 +100,9 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
   const bool out_grad_differs = p.out_act != MlpActivation::kNone;
   const DeviceInfo dev = current_device_info();
   at::Tensor grad_x = at::empty(x.sizes(), x.options());
-  at::Tensor grad_out_pre = go, grad_hidden_pre;  // what the weight GEMMs read, when they run
+  // What the weight GEMMs read, when they run: the pre-activation gradients and the hidden layers'
+  // outputs (the saved ones, or the GELU's as the kernel recomputes them).
+  at::Tensor grad_out_pre = go, grad_hidden_pre, hidden_out = hidden_act;
   // fp32 partial sums: [warps, matrices, width] of the bias gradients, [blocks, weight elements]
   // of the weight gradients (where the kernel sums them).
   at::Tensor bias_partial, weight_partial;
@@ -115,9 +117,10 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
     for (size_t l = 0; l < weights.size(); ++l) {
       b.w[l] = contiguous_ptr<scalar_t>(weights[l], keep);
     }
-    b.hidden_act = contiguous_ptr<scalar_t>(hidden_act, keep);
     if (is_gelu(p.act)) {
       b.hidden_pre = contiguous_ptr<scalar_t>(hidden_pre, keep);
+    } else {
+      b.hidden_act = contiguous_ptr<scalar_t>(hidden_act, keep);
     }
     if (out_grad_differs) {
       b.out_pre = contiguous_ptr<scalar_t>(out_pre, keep);
@@ -135,6 +138,10 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
       }
       grad_hidden_pre = at::empty({p.hidden_layers, p.rows, p.hidden}, x.options());
       b.grad_hidden_pre = cuda_mut_ptr<scalar_t>(grad_hidden_pre);
+      if (is_gelu(p.act)) {
+        hidden_out = at::empty({p.hidden_layers, p.rows, p.hidden}, x.options());
+        b.hidden_out = cuda_mut_ptr<scalar_t>(hidden_out);
+      }
     }
     if (has_bias) {
       bias_partial = at::empty({plan.bias_partial}, f32);
@@ -156,7 +163,7 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
   } else {
     FfmProblem weights_only = p;
     weights_only.has_bias = false;
-    std::tie(grad_w, std::ignore) = ffm_param_grads(weights_only, x, hidden_act, grad_hidden_pre,
+    std::tie(grad_w, std::ignore) = ffm_param_grads(weights_only, x, hidden_out, grad_hidden_pre,
                                                     grad_out_pre.reshape({p.rows, p.out}));
   }
   if (has_bias) {

@@ -658,7 +658,7 @@ __device__ __forceinline__ void zero_acc(float (&c)[W / 8][4]) {
 // A backward that sums the weight gradients: width 64 one block of 16 warps (128 registers), the
 // narrower widths 3 blocks of 8 (80; at 64, ptxas spilled 196 bytes at width 32).
 template <int W, bool kWeightGrads = false>
-constexpr int kMinBlocks = W >= 128      ? 1
+constexpr int kMinBlocks = W >= 128       ? 1
                            : kWeightGrads ? (W == 64 ? 1 : 3)
                            : W == 64      ? 2
                                           : 4;
@@ -782,7 +782,8 @@ __global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
   }
   __syncthreads();
 
-  // The saved tile of each hidden layer: the GELUs' pre-activation, else the output (ReLU's
+  // The saved tile of each hidden layer: the GELUs' pre-activation (their output is recomputed:
+  // into the input tile with kWeightGrads, else to hidden_out), else the output (ReLU's
   // derivative reads its sign; a weight gradient reads it as the next matrix's input).
   const T* saved = p.hidden_pre ? p.hidden_pre : p.hidden_act;
   // The tile act' comes from, if any; kWeightGrads loads `saved` for every activation.
@@ -845,12 +846,16 @@ __global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
                             static_cast<const T*>(nullptr), MlpActivation::kNone, lane);
           }
           __syncwarp();
-          if constexpr (kWeightGrads) {
-            mul_activate_grad_to_input<T, W>(c, input + g * ld + t2, k, s.act);
+          if (kWeightGrads || p.hidden_out) {
+            mul_activate_grad_to_input<T, W>(c, load_to + g * ld + t2, k, s.act);
           } else {
-            mul_activate_grad<T, W>(c, stage + g * ld + t2, k, s.act);
+            mul_activate_grad<T, W>(c, load_to + g * ld + t2, k, s.act);
           }
           __syncwarp();
+          if (!kWeightGrads && p.hidden_out) {  // our own buffer: 16-byte rows, aligned
+            store_tile<T, W>(p.hidden_out + layer, stage, r0, s.rows, s.hidden, true, lane);
+            __syncwarp();
+          }
         }
         if constexpr (kWeightGrads) {
           weight_grad(n, k);

@@ -36,9 +36,12 @@ struct FfmForward {
   const T* w[kFfmMaxMatrices];  // [out_l, in_l]
   const T* b[kFfmMaxMatrices];  // [out_l], when s.has_bias
   T* y;                         // [rows, out]
-  T* hidden_act;  // [hidden_layers, rows, hidden] for the backward, or null (inference)
-  T* hidden_pre;  // same shape, saved when act is a GELU (its derivative needs the input)
-  T* out_pre;     // [rows, out], saved when out_act is not none
+  // Saved for the backward (else null): each hidden layer's pre-activation [hidden_layers, rows,
+  // hidden] when act is a GELU (its derivative needs it; the backward recomputes the output),
+  // else its output, same shape.
+  T* hidden_act;
+  T* hidden_pre;
+  T* out_pre;  // [rows, out], saved when out_act is not none
 };
 
 template <typename T>
@@ -46,14 +49,15 @@ struct FfmBackward {
   FfmShape s;
   const T* grad_out;  // [rows, out]
   const T* w[kFfmMaxMatrices];
-  const T* hidden_act;  // as saved by the forward
-  const T* hidden_pre;  // as saved, or null when act is not a GELU
+  const T* hidden_act;  // as saved by the forward when act is not a GELU, else null
+  const T* hidden_pre;  // as saved when act is a GELU, else null
   const T* out_pre;     // as saved, or null when out_act is none
   const T* x;           // [rows, in]: read where the kernel sums the weight gradients
   // The gradients of the pre-activations the host's weight GEMMs read, written where the kernel
   // does not sum the weight gradients itself (else null):
   T* grad_out_pre;     // [rows, out] when out_act is not none (else grad_out is it)
   T* grad_hidden_pre;  // [hidden_layers, rows, hidden]
+  T* hidden_out;       // the GELU hidden layers' outputs, same shape, recomputed
   T* grad_x;           // [rows, in]
   // Per-warp column sums of every layer's pre-activation gradient (the bias gradients), fp32
   // [warps, matrices, ffm_width(s)] (FfmBackwardPlan::bias_partial floats), or null: sum over
