@@ -57,17 +57,24 @@ print(" ".join(m for m in ("pytest", "expecttest", "hypothesis", "numpy") if not
 # The kernel-tier tests of each op, in parallel (python + torch under a sanitizer start slowly;
 # the whole suite would take hours). The profiler-based test sees no events there. initcheck
 # runs without torch's caching allocator, whose reused blocks would hide unwritten reads.
-# cuBLASLt's own kernels (nvjet_*) are not checked: racecheck reports hazards inside its split-K
-# GEMMs, which belong to that library.
+# racecheck reports hazards inside cuBLASLt's split-K GEMMs (nvjet_*, which the tests' eager
+# references run): those belong to that library, and a run whose every hazard is there passes.
+# (Excluding those kernels with --kernel-name-exclude made racecheck stop with an internal error.)
 sanitizer() {
   run_tool() {  # tool name pytest-args...
     local tool=$1 name=$2
     shift 2
-    compute-sanitizer --tool "$tool" --error-exitcode 9 --kernel-name-exclude kns=nvjet \
-      python3 -m pytest -q -p no:cacheprovider -x "$@" >"$RESULTS/$tool-$name.log" 2>&1
+    local log="$RESULTS/$tool-$name.log"
+    compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 -m pytest -q -p no:cacheprovider -x "$@" >"$log" 2>&1
     local rc=$?
+    if [ "$tool" = racecheck ] && [ $rc = 9 ] &&
+      grep -E "(passed|failed).* in [0-9.]+s" "$log" | tail -1 | grep -qv -E "failed|error" &&
+      ! grep "Race reported" "$log" | grep -qv nvjet; then
+      rc=0
+    fi
     echo "$rc" >>"$RESULTS/sanitizer.rc"
-    echo "$tool $name: exit $rc; $(grep -E 'SUMMARY|passed|failed' "$RESULTS/$tool-$name.log" |
+    echo "$tool $name: exit $rc; $(grep -E 'SUMMARY|passed|failed' "$log" |
       tail -2 | tr '\n' ' ')"
   }
   local softmax=(tests/test_softmax.py -k "every_kernel_path or rows_grouped or raises or range")

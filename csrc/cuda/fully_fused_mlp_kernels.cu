@@ -550,7 +550,15 @@ struct ColumnSums {
       const int c = lane + 32 * j;
       if (c < cols) {
         float sum = prev[j];
-        for (int r = 0; r < valid; ++r) sum += to_acc(stage[r * ld + c]);
+        if (valid == kTileRows) {  // every load in flight before the first add; the same order
+          float v[kTileRows];
+#pragma unroll
+          for (int r = 0; r < kTileRows; ++r) v[r] = to_acc(stage[r * ld + c]);
+#pragma unroll
+          for (int r = 0; r < kTileRows; ++r) sum += v[r];
+        } else {
+          for (int r = 0; r < valid; ++r) sum += to_acc(stage[r * ld + c]);
+        }
         partial[c] = sum;
       }
     }
@@ -611,6 +619,7 @@ __device__ __forceinline__ void accumulate_weight_grad(float* sums, const T* g_t
     float4* mine = reinterpret_cast<float4*>(sums + (u * 32 + lane) * 8);
     const float4 s0 = mine[0], s1 = mine[1];
     float c[2][4] = {{s0.x, s0.y, s0.z, s0.w}, {s1.x, s1.y, s1.z, s1.w}};
+#pragma unroll 2  // warps is even here (8 or 16): the next loads ahead of these MMAs
     for (int r = 0; r < warps; ++r) {
       uint32_t ga[4], ab[4];
       ldmatrix_x4<true>(ga, g_addr + r * kStep);
