@@ -3,7 +3,7 @@
 //
 // Why it is fast: an eager MLP of width w writes and re-reads a [rows, w] activation per layer;
 // here only x and y (forward) or grad_out, the saves and grad_x (backward) touch DRAM: up to width
-// 64 the backward also sums the weight gradients on chip (accumulate_weight_grads). A warp keeps
+// 64 the backward also sums the weight gradients on chip (accumulate_weight_grad). A warp keeps
 // its 16 rows in registers from layer to layer: the fp32 accumulator of one m16n8k16 MMA, rounded
 // to bf16/fp16 pairs, is exactly the A-operand fragment of the next layer's MMA (same rows, same
 // column pairs), so activations never go through shared memory. Every layer's weights sit in shared
@@ -307,9 +307,9 @@ __device__ __forceinline__ void mul_activate_grad(float (&c)[W / 8][4], const T*
   });
 }
 
-// mul_activate_grad for a backward that sums the weight gradients: the saved tile at q also
-// becomes the layer's output act(x) in place (each lane rewrites the elements it read), the input
-// of the next weight gradient, recomputed rather than saved by the forward.
+// mul_activate_grad that also turns the saved tile at q into the layer's output act(x), in place
+// (each lane rewrites the elements it read): the input of the weight gradient below it, recomputed
+// rather than saved by the forward.
 template <typename T, int W>
 __device__ __forceinline__ void mul_activate_grad_to_input(float (&c)[W / 8][4], T* q, int n,
                                                            MlpActivation act) {

@@ -86,7 +86,7 @@ int ffm_width(const FfmShape& s);
 template <typename T>
 FfmBackwardPlan ffm_backward_plan(const FfmShape& s, const DeviceInfo& dev);
 
-// The forward; writes the saves when p.hidden_act is not null.
+// The forward; writes each save whose pointer is not null.
 template <typename T>
 cudaError_t ffm_forward_cuda(const FfmForward<T>& p, const DeviceInfo& dev, cudaStream_t stream);
 
