@@ -236,14 +236,10 @@ __device__ __forceinline__ float activate_grad(MlpActivation act, float src) {
   }
 }
 
-// act and act' as functors with the activation fixed at compile time.
+// act, and act with act', as functors with the activation fixed at compile time.
 template <MlpActivation A>
 struct Activate {
   __device__ __forceinline__ float operator()(float v) const { return activate(A, v); }
-};
-template <MlpActivation A>
-struct ActivateGrad {
-  __device__ __forceinline__ float operator()(float x) const { return activate_grad(A, x); }
 };
 // (act(x), act'(x)) from the saved tile's x: the GELUs' pre-activation, whose Gaussian both
 // share (one evaluation after inlining); ReLU's x is its output already and stays.
@@ -286,33 +282,12 @@ __device__ __forceinline__ void activate_all(float (&c)[W / 8][4], MlpActivation
 }
 
 // c[nt][j] *= act'(x) for the n columns, x read at the accumulator's places from the saved tile
-// (q points at row g, column 2t of it).
-template <typename T, int W>
-__device__ __forceinline__ void mul_activate_grad(float (&c)[W / 8][4], const T* q, int n,
+// (q points at row g, column 2t of it). kToInput: the tile also becomes the layer's output act(x),
+// in place (each lane rewrites the elements it read): the input of the weight gradient below it,
+// recomputed rather than saved by the forward.
+template <typename T, int W, bool kToInput>
+__device__ __forceinline__ void mul_activate_grad(float (&c)[W / 8][4], T* q, int n,
                                                   MlpActivation act) {
-  constexpr int ld = stage_ld(W);
-  with_activation<ActivateGrad>(act, [&](auto grad) {
-#pragma unroll
-    for (int nt = 0; nt < W / 8; ++nt) {
-      if (nt * 8 < n) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float x0, x1;
-          unpack2<T>(load32(q + 8 * h * ld + nt * 8), x0, x1);
-          c[nt][2 * h] *= grad(x0);
-          c[nt][2 * h + 1] *= grad(x1);
-        }
-      }
-    }
-  });
-}
-
-// mul_activate_grad that also turns the saved tile at q into the layer's output act(x), in place
-// (each lane rewrites the elements it read): the input of the weight gradient below it, recomputed
-// rather than saved by the forward.
-template <typename T, int W>
-__device__ __forceinline__ void mul_activate_grad_to_input(float (&c)[W / 8][4], T* q, int n,
-                                                           MlpActivation act) {
   constexpr int ld = stage_ld(W);
   with_activation<ActivateWithGrad>(act, [&](auto fn) {
 #pragma unroll
@@ -326,7 +301,7 @@ __device__ __forceinline__ void mul_activate_grad_to_input(float (&c)[W / 8][4],
           const float2 v0 = fn(x0), v1 = fn(x1);
           c[nt][2 * h] *= v0.y;
           c[nt][2 * h + 1] *= v1.y;
-          *pair = pack2<T>(v0.x, v1.x);
+          if constexpr (kToInput) *pair = pack2<T>(v0.x, v1.x);
         }
       }
     }
@@ -856,9 +831,9 @@ __global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
           }
           __syncwarp();
           if (kWeightGrads || p.hidden_out) {
-            mul_activate_grad_to_input<T, W>(c, load_to + g * ld + t2, k, s.act);
+            mul_activate_grad<T, W, true>(c, load_to + g * ld + t2, k, s.act);
           } else {
-            mul_activate_grad<T, W>(c, load_to + g * ld + t2, k, s.act);
+            mul_activate_grad<T, W, false>(c, load_to + g * ld + t2, k, s.act);
           }
           __syncwarp();
           if (!kWeightGrads && p.hidden_out) {  // our own buffer: 16-byte rows, aligned
