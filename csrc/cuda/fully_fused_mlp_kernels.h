@@ -36,9 +36,9 @@ struct FfmForward {
   const T* w[kFfmMaxMatrices];  // [out_l, in_l]
   const T* b[kFfmMaxMatrices];  // [out_l], when s.has_bias
   T* y;                         // [rows, out]
-  // Saved for the backward (else null): each hidden layer's pre-activation [hidden_layers, rows,
-  // hidden] when act is a GELU (its derivative needs it; the backward recomputes the output),
-  // else its output, same shape.
+  // Saved for the backward, one per hidden layer (else null): hidden_pre [hidden_layers, rows,
+  // hidden] when act is a GELU (its derivative needs the input; the backward recomputes the
+  // output), else hidden_act, the outputs, same shape.
   T* hidden_act;
   T* hidden_pre;
   T* out_pre;  // [rows, out], saved when out_act is not none
