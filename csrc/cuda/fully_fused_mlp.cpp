@@ -103,8 +103,8 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
   // What the weight GEMMs read, when they run: the pre-activation gradients and the hidden layers'
   // outputs (the saved ones, or the GELU's as the kernel recomputes them).
   at::Tensor grad_out_pre = go, grad_hidden_pre, hidden_out = hidden_act;
-  // fp32 partial sums: [warps, matrices, width] of the bias gradients, [blocks, weight elements]
-  // of the weight gradients (where the kernel sums them).
+  // fp32 partial sums: [blocks, weight and bias elements] where the kernel sums the weight
+  // gradients, else [warps, matrices, width] of the bias gradients.
   at::Tensor bias_partial, weight_partial;
   FfmBackwardPlan plan{};
   std::vector<at::Tensor> keep;
@@ -143,7 +143,7 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
         b.hidden_out = cuda_mut_ptr<scalar_t>(hidden_out);
       }
     }
-    if (has_bias) {
+    if (has_bias && !plan.weight_grads) {
       bias_partial = at::empty({plan.bias_partial}, f32);
       b.bias_partial = bias_partial.mutable_data_ptr<float>();
     }
@@ -151,14 +151,20 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
   });
   std::vector<at::Tensor> grad_w, grad_b;
   if (plan.weight_grads) {
-    // The blocks' sums, summed in a fixed order (deterministic); no rows: no blocks, zeros.
+    // The blocks' sums (each weight, then its bias), summed in a fixed order (deterministic);
+    // no rows: no blocks, zeros.
     std::vector<int64_t> numels;
-    for (const at::Tensor& w : weights) numels.push_back(w.numel());
+    for (const at::Tensor& w : weights) {
+      numels.push_back(w.numel());
+      if (has_bias) numels.push_back(w.size(0));
+    }
     const int64_t elems = std::accumulate(numels.begin(), numels.end(), int64_t(0));
     const auto sums =
         weight_partial.view({plan.weight_partial / elems, elems}).sum(0).split_with_sizes(numels);
+    const size_t per_matrix = has_bias ? 2 : 1;
     for (size_t l = 0; l < weights.size(); ++l) {
-      grad_w.push_back(sums[l].view_as(weights[l]).to(x.scalar_type()));
+      grad_w.push_back(sums[per_matrix * l].view_as(weights[l]).to(x.scalar_type()));
+      if (has_bias) grad_b.push_back(sums[per_matrix * l + 1].to(x.scalar_type()));
     }
   } else {
     FfmProblem weights_only = p;
@@ -166,7 +172,7 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
     std::tie(grad_w, std::ignore) = ffm_param_grads(weights_only, x, hidden_out, grad_hidden_pre,
                                                     grad_out_pre.reshape({p.rows, p.out}));
   }
-  if (has_bias) {
+  if (has_bias && !plan.weight_grads) {
     // The warps' column sums, summed in a fixed order: deterministic.
     const int64_t width = ffm_width(shape_of(p));
     const at::Tensor sums =

@@ -3,15 +3,15 @@
 //
 // Why it is fast: an eager MLP of width w writes and re-reads a [rows, w] activation per layer;
 // here only x and y (forward) or grad_out, the saves and grad_x (backward) touch DRAM: up to width
-// 64 the backward also sums the weight gradients on chip (accumulate_weight_grad). A warp keeps
-// its 16 rows in registers from layer to layer: the fp32 accumulator of one m16n8k16 MMA, rounded
-// to bf16/fp16 pairs, is exactly the A-operand fragment of the next layer's MMA (same rows, same
-// column pairs), so activations never go through shared memory. Every layer's weights sit in shared
-// memory for the life of a persistent block, loaded once from L2; each warp reads B fragments from
-// there with conflict-free ldmatrix.x4 (rows padded by kSkew halves). What goes to or comes from
-// DRAM (x, y, the saves, the gradients) passes through a small per-warp staging tile, which makes
-// those accesses coalesced whatever the feature count, and 16 bytes wide where the rows and
-// pointers are 16-byte aligned.
+// 64 the backward also sums the weight and bias gradients on chip (accumulate_weight_grad). A warp
+// keeps its 16 rows in registers from layer to layer: the fp32 accumulator of one m16n8k16 MMA,
+// rounded to bf16/fp16 pairs, is exactly the A-operand fragment of the next layer's MMA (same rows,
+// same column pairs), so activations never go through shared memory. Every layer's weights sit in
+// shared memory for the life of a persistent block, loaded once from L2; each warp reads B
+// fragments from there with conflict-free ldmatrix.x4 (rows padded by kSkew halves). What goes to
+// or comes from DRAM (x, y, the saves, the gradients) passes through a small per-warp staging tile,
+// which makes those accesses coalesced whatever the feature count, and 16 bytes wide where the rows
+// and pointers are 16-byte aligned.
 //
 // Measured on an H100 (bf16, 4 hidden layers): the narrow widths are bound by instruction issue and
 // latency, not by DRAM; the erf GELU is a third of the forward at width 64 (ReLU: 0.57 ms, GELU:
@@ -108,16 +108,23 @@ inline int width_of(const FfmShape& s) {
   return w <= 16 ? 16 : w <= 32 ? 32 : w <= 64 ? 64 : 128;
 }
 
-// Floats of a block's weight-gradient sums in shared memory: every matrix at its padded dims.
+// Floats of a block's parameter-gradient sums in shared memory: each matrix's at its padded dims,
+// then its bias's (n floats) where the network has biases.
+__host__ __device__ inline int param_sum_floats(const FfmShape& s, int l) {
+  const MatDims d = mat_dims(s, l);
+  return d.n * d.k + (s.has_bias ? d.n : 0);
+}
 __host__ __device__ inline int weight_grad_floats(const FfmShape& s) {
   int floats = 0;
-  for (int l = 0; l < s.matrices; ++l) floats += mat_dims(s, l).n * mat_dims(s, l).k;
+  for (int l = 0; l < s.matrices; ++l) floats += param_sum_floats(s, l);
   return floats;
 }
-// Elements of every weight matrix: a block's row of FfmBackward::weight_partial.
+// Elements of every weight matrix and bias: a block's row of FfmBackward::weight_partial.
 __host__ __device__ inline int weight_grad_elems(const FfmShape& s) {
   int elems = 0;
-  for (int l = 0; l < s.matrices; ++l) elems += mat_real_n(s, l) * mat_real_k(s, l);
+  for (int l = 0; l < s.matrices; ++l) {
+    elems += mat_real_n(s, l) * (mat_real_k(s, l) + (s.has_bias ? 1 : 0));
+  }
   return elems;
 }
 
@@ -573,11 +580,12 @@ __device__ __forceinline__ void warp_gemm(float (&c)[W / 8][4], const uint32_t (
 // fp32 sums in shared memory in fragment order (lane i's 8 floats of unit u at (32 u + i) * 8): no
 // two warps touch the same sums and each adds its rows in one order, so the sums are deterministic.
 // Both operands come through ldmatrix.trans: G^T is the MMA's A, read column-major; A is its B
-// (B[k = row][n = feature], row-major in the tile).
+// (B[k = row][n = feature], row-major in the tile). With bias_sums ([n] floats, else null) the
+// bias gradient too, the column sums of G, in the same way.
 template <typename T, int W>
-__device__ __forceinline__ void accumulate_weight_grad(float* sums, const T* g_tiles,
-                                                       const T* a_tiles, int n, int k, int warp,
-                                                       int warps, int lane) {
+__device__ __forceinline__ void accumulate_weight_grad(float* sums, float* bias_sums,
+                                                       const T* g_tiles, const T* a_tiles, int n,
+                                                       int k, int warp, int warps, int lane) {
   constexpr int ld = stage_ld(W);
   constexpr uint32_t kStep = 16 * ld * sizeof(T);  // 16 block rows: one MMA's K
   // Lane i addresses row i % 8 of 8x8 matrix i / 8. G^T's A fragment: matrices (features 0-7 |
@@ -604,6 +612,23 @@ __device__ __forceinline__ void accumulate_weight_grad(float* sums, const T* g_t
     }
     mine[0] = make_float4(c[0][0], c[0][1], c[0][2], c[0][3]);
     mine[1] = make_float4(c[1][0], c[1][1], c[1][2], c[1][3]);
+  }
+  if (!bias_sums) return;
+  // The bias gradient, 16 features at a time: G^T times a ones fragment, each of the 16 x 8
+  // result's columns the features' sums (lane i holds features i / 4 and i / 4 + 8). These units
+  // come after the weight's in the warps' rotation: idle warps take them where the weight has
+  // fewer units than the block has warps, else they spread over the schedulers.
+  const uint32_t ones = pack2<T>(1.f, 1.f);
+  for (int u = (warp - units % warps + warps) % warps; u < n / 16; u += warps) {
+    float* const bias = bias_sums + u * 16 + (lane >> 2);
+    float c[4] = {bias[0], bias[0], bias[8], bias[8]};
+#pragma unroll 4
+    for (int r = 0; r < warps; ++r) {
+      uint32_t ga[4];
+      ldmatrix_x4<true>(ga, g_lane + u * 16 * sizeof(T) + r * kStep);
+      mma16816<T>(c, ga, ones, ones);
+    }
+    if ((lane & 3) == 0) bias[0] = c[0], bias[8] = c[2];
   }
 }
 
@@ -758,7 +783,7 @@ __global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
   if constexpr (kWeightGrads) {
     for (int i = threadIdx.x; i < weight_grad_floats(s); i += blockDim.x) weight_sums[i] = 0.f;
   }
-  float* partial = p.bias_partial
+  float* partial = !kWeightGrads && p.bias_partial
                        ? p.bias_partial + (int64_t(blockIdx.x) * warps + warp) * s.matrices * W
                        : nullptr;
   if (partial) {
@@ -800,13 +825,14 @@ __global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
     tile_to_frags<T, W>(a, stage, pad16(s.out), lane);
     __syncwarp();
 
-    // The block's weight gradient of matrix l (n x k), matrices walked last to first.
+    // The block's weight (and bias) gradient of matrix l (n x k), matrices walked last to first.
     int sums_offset = weight_grad_floats(s);
     const auto weight_grad = [&](int n, int k) {
-      sums_offset -= n * k;
+      sums_offset -= n * k + (s.has_bias ? n : 0);
+      float* const sums = weight_sums + sums_offset;
       __syncthreads();  // every warp's tiles written
-      accumulate_weight_grad<T, W>(weight_sums + sums_offset, grad_tiles, input_tiles, n, k, warp,
-                                   warps, lane);
+      accumulate_weight_grad<T, W>(sums, s.has_bias ? sums + n * k : nullptr, grad_tiles,
+                                   input_tiles, n, k, warp, warps, lane);
       __syncthreads();  // and read
     };
     float c[W / 8][4];
@@ -871,14 +897,20 @@ __global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
       store_acc<T, W>(p.grad_x, stage, c, k, r0, s.rows, s.in, gx_vec, lane);
     });
   }
-  if constexpr (kWeightGrads) {  // the block's sums, each warp its own units
+  if constexpr (kWeightGrads) {  // the block's sums: each warp its own units, any warp the biases
     float* dst = p.weight_partial + int64_t(blockIdx.x) * weight_grad_elems(s);
     for (int l = 0, offset = 0; l < s.matrices; ++l) {
       const MatDims d = mat_dims(s, l);
-      store_weight_grad(dst, weight_sums + offset, d.n, d.k, mat_real_n(s, l), mat_real_k(s, l),
-                        warp, warps, lane);
-      dst += mat_real_n(s, l) * mat_real_k(s, l);
-      offset += d.n * d.k;
+      const int n_real = mat_real_n(s, l), k_real = mat_real_k(s, l);
+      store_weight_grad(dst, weight_sums + offset, d.n, d.k, n_real, k_real, warp, warps, lane);
+      dst += n_real * k_real;
+      if (s.has_bias) {  // the last weight_grad's barrier made every warp's bias sums visible
+        for (int i = threadIdx.x; i < n_real; i += blockDim.x) {
+          dst[i] = weight_sums[offset + d.n * d.k + i];
+        }
+        dst += n_real;
+      }
+      offset += param_sum_floats(s, l);
     }
   }
 }
@@ -987,8 +1019,8 @@ FfmBackwardPlan ffm_backward_plan(const FfmShape& s, const DeviceInfo& dev) {
     const int warps = warps_for<T>(s, true, weight_grads, dev);
     const int64_t grid =
         grid_size(kernel, s, warps, smem_bytes<T>(s, true, weight_grads, warps), dev);
-    return FfmBackwardPlan{weight_grads, grid * warps * s.matrices * width,
-                           weight_grads ? grid * weight_grad_elems(s) : 0};
+    return weight_grads ? FfmBackwardPlan{true, 0, grid * weight_grad_elems(s)}
+                        : FfmBackwardPlan{false, grid * warps * s.matrices * width, 0};
   });
 }
 

@@ -60,19 +60,19 @@ struct FfmBackward {
   T* hidden_out;       // the GELU hidden layers' outputs, same shape, recomputed
   T* grad_x;           // [rows, in]
   // Per-warp column sums of every layer's pre-activation gradient (the bias gradients), fp32
-  // [warps, matrices, ffm_width(s)] (FfmBackwardPlan::bias_partial floats), or null: sum over
-  // warps.
+  // [warps, matrices, ffm_width(s)] (FfmBackwardPlan::bias_partial floats) where the network has
+  // biases and the plan does not say weight_grads, else null: sum over warps.
   float* bias_partial;
-  // Each block's sums of every weight gradient, fp32 [blocks, sum of out_l * in_l] (each matrix
-  // row-major in turn, FfmBackwardPlan::weight_partial floats) where the plan says weight_grads,
-  // else null: sum over blocks.
+  // Each block's sums of every parameter gradient, fp32 [blocks, sum of out_l * (in_l + has_bias)]
+  // (per matrix its weight row-major, then its bias; FfmBackwardPlan::weight_partial floats) where
+  // the plan says weight_grads, else null: sum over blocks.
   float* weight_partial;
 };
 
 // How the backward runs a shape on this device.
 struct FfmBackwardPlan {
-  bool weight_grads;       // the kernel sums the weight gradients (up to width 64, where they fit)
-  int64_t bias_partial;    // floats of FfmBackward::bias_partial
+  bool weight_grads;       // the kernel sums the weight and bias gradients (up to width 64)
+  int64_t bias_partial;    // floats of FfmBackward::bias_partial (0 where weight_grads)
   int64_t weight_partial;  // floats of FfmBackward::weight_partial (0 unless weight_grads)
 };
 
@@ -90,9 +90,9 @@ FfmBackwardPlan ffm_backward_plan(const FfmShape& s, const DeviceInfo& dev);
 template <typename T>
 cudaError_t ffm_forward_cuda(const FfmForward<T>& p, const DeviceInfo& dev, cudaStream_t stream);
 
-// The backward: grad_x, the per-warp bias-gradient sums, and either each block's weight-gradient
-// sums (plan.weight_grads) or every layer's pre-activation gradient for the host's weight GEMMs.
-// The host adds the partial sums in a fixed order.
+// The backward: grad_x, and either each block's weight- and bias-gradient sums (plan.weight_grads)
+// or every layer's pre-activation gradient for the host's weight GEMMs and the per-warp
+// bias-gradient sums. The host adds the partial sums in a fixed order.
 template <typename T>
 cudaError_t ffm_backward_cuda(const FfmBackward<T>& p, const DeviceInfo& dev, cudaStream_t stream);
 
