@@ -7,12 +7,10 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <numeric>
 #include <tuple>
 #include <vector>
 
@@ -107,6 +105,7 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
   // gradients, else [warps, matrices, width] of the bias gradients.
   at::Tensor bias_partial, weight_partial;
   FfmBackwardPlan plan{};
+  std::vector<at::Tensor> grad_w, grad_b;
   std::vector<at::Tensor> keep;
   AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "fully_fused_mlp_bwd", [&] {
     using T = cuda_t<scalar_t>;
@@ -147,41 +146,45 @@ FfmBwdOutputs fully_fused_mlp_bwd(const at::Tensor& grad_out, const at::Tensor& 
       bias_partial = at::empty({plan.bias_partial}, f32);
       b.bias_partial = bias_partial.mutable_data_ptr<float>();
     }
-    if (p.rows > 0) C10_CUDA_CHECK(ffm_backward_cuda(b, dev, at::cuda::getCurrentCUDAStream()));
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    if (p.rows > 0) C10_CUDA_CHECK(ffm_backward_cuda(b, dev, stream));
+    // The partial sums, added in a fixed order (deterministic) by one kernel that writes each
+    // gradient in x's dtype. No rows: no partials, zeros.
+    const int64_t width = ffm_width(b.s);
+    FfmSumSegments<T> seg{};
+    const auto segment = [&](int64_t col, int64_t n, std::vector<at::Tensor>& grads,
+                             at::IntArrayRef shape) {
+      grads.push_back(at::empty(shape, x.options()));
+      seg.col[seg.count] = int(col);
+      seg.n[seg.count] = int(n);
+      seg.dst[seg.count++] = cuda_mut_ptr<scalar_t>(grads.back());
+    };
+    if (plan.weight_grads) {  // [blocks, each weight then its bias]
+      int64_t col = 0;
+      for (const at::Tensor& w : weights) {
+        segment(col, w.numel(), grad_w, w.sizes());
+        col += w.numel();
+        if (has_bias) {
+          segment(col, w.size(0), grad_b, {w.size(0)});
+          col += w.size(0);
+        }
+      }
+      C10_CUDA_CHECK(ffm_sum_partials(weight_partial.const_data_ptr<float>(),
+                                      plan.weight_partial / col, col, seg, stream));
+    } else if (has_bias) {  // [warps, matrices, width]
+      for (size_t l = 0; l < weights.size(); ++l) {
+        segment(int64_t(l) * width, weights[l].size(0), grad_b, {weights[l].size(0)});
+      }
+      const int64_t cols = int64_t(weights.size()) * width;
+      C10_CUDA_CHECK(ffm_sum_partials(bias_partial.const_data_ptr<float>(),
+                                      plan.bias_partial / cols, cols, seg, stream));
+    }
   });
-  std::vector<at::Tensor> grad_w, grad_b;
-  if (plan.weight_grads) {
-    // The blocks' sums (each weight, then its bias), summed in a fixed order (deterministic);
-    // no rows: no blocks, zeros.
-    std::vector<int64_t> numels;
-    for (const at::Tensor& w : weights) {
-      numels.push_back(w.numel());
-      if (has_bias) numels.push_back(w.size(0));
-    }
-    const int64_t elems = std::accumulate(numels.begin(), numels.end(), int64_t(0));
-    const auto sums =
-        weight_partial.view({plan.weight_partial / elems, elems}).sum(0).split_with_sizes(numels);
-    const size_t per_matrix = has_bias ? 2 : 1;
-    for (size_t l = 0; l < weights.size(); ++l) {
-      grad_w.push_back(sums[per_matrix * l].view_as(weights[l]).to(x.scalar_type()));
-      if (has_bias) grad_b.push_back(sums[per_matrix * l + 1].to(x.scalar_type()));
-    }
-  } else {
+  if (!plan.weight_grads) {
     FfmProblem weights_only = p;
     weights_only.has_bias = false;
     std::tie(grad_w, std::ignore) = ffm_param_grads(weights_only, x, hidden_out, grad_hidden_pre,
                                                     grad_out_pre.reshape({p.rows, p.out}));
-  }
-  if (has_bias && !plan.weight_grads) {
-    // The warps' column sums, summed in a fixed order: deterministic.
-    const int64_t width = ffm_width(shape_of(p));
-    const at::Tensor sums =
-        p.rows > 0 ? bias_partial.view({-1, p.hidden_layers + 1, width}).sum(0)
-                   : at::zeros({p.hidden_layers + 1, width}, x.options().dtype(at::kFloat));
-    for (int64_t l = 0; l <= p.hidden_layers; ++l) {
-      const int64_t n = l == p.hidden_layers ? p.out : p.hidden;
-      grad_b.push_back(sums[l].narrow(0, 0, n).to(x.scalar_type()));
-    }
   }
   return {grad_x, grad_w, grad_b};
 }

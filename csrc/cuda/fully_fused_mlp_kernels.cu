@@ -983,6 +983,20 @@ auto with_backward_kernel(const FfmShape& s, bool weight_grads, F&& f) {
   }
 }
 
+// One thread per output element: the segment it falls in, then its column's sum over the rows.
+template <typename T>
+__global__ void ffm_sum_partials_kernel(const float* partial, int64_t rows, int64_t cols,
+                                        const FfmSumSegments<T> seg) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x, s = 0;
+  while (s < seg.count && i >= seg.n[s]) i -= seg.n[s++];
+  if (s == seg.count) return;
+  const float* p = partial + seg.col[s] + i;
+  float sum = 0.f;
+#pragma unroll 8
+  for (int64_t r = 0; r < rows; ++r) sum += p[r * cols];
+  seg.dst[s][i] = from_acc<T>(sum);
+}
+
 }  // namespace
 
 bool ffm_supported(const FfmShape& s, const DeviceInfo& dev) {
@@ -1033,6 +1047,19 @@ cudaError_t ffm_backward_cuda(const FfmBackward<T>& p, const DeviceInfo& dev, cu
   });
 }
 
+template <typename T>
+cudaError_t ffm_sum_partials(const float* partial, int64_t rows, int64_t cols,
+                             const FfmSumSegments<T>& seg, cudaStream_t stream) {
+  int total = 0;
+  for (int i = 0; i < seg.count; ++i) total += seg.n[i];
+  constexpr int kThreads = 256;
+  if (total > 0) {
+    ffm_sum_partials_kernel<T>
+        <<<(total + kThreads - 1) / kThreads, kThreads, 0, stream>>>(partial, rows, cols, seg);
+  }
+  return cudaGetLastError();
+}
+
 template cudaError_t ffm_forward_cuda<__half>(const FfmForward<__half>&, const DeviceInfo&,
                                               cudaStream_t);
 template cudaError_t ffm_forward_cuda<__nv_bfloat16>(const FfmForward<__nv_bfloat16>&,
@@ -1043,5 +1070,11 @@ template cudaError_t ffm_backward_cuda<__half>(const FfmBackward<__half>&, const
                                                cudaStream_t);
 template cudaError_t ffm_backward_cuda<__nv_bfloat16>(const FfmBackward<__nv_bfloat16>&,
                                                       const DeviceInfo&, cudaStream_t);
+
+template cudaError_t ffm_sum_partials<__half>(const float*, int64_t, int64_t,
+                                              const FfmSumSegments<__half>&, cudaStream_t);
+template cudaError_t ffm_sum_partials<__nv_bfloat16>(const float*, int64_t, int64_t,
+                                                     const FfmSumSegments<__nv_bfloat16>&,
+                                                     cudaStream_t);
 
 }  // namespace fusedops

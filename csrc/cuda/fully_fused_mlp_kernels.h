@@ -90,6 +90,22 @@ FfmBackwardPlan ffm_backward_plan(const FfmShape& s, const DeviceInfo& dev);
 template <typename T>
 cudaError_t ffm_forward_cuda(const FfmForward<T>& p, const DeviceInfo& dev, cudaStream_t stream);
 
+// Where ffm_sum_partials writes: segment i is columns [col[i], col[i] + n[i]) of the partials, to
+// dst[i] (n[i] elements): each weight and bias gradient.
+template <typename T>
+struct FfmSumSegments {
+  static constexpr int kMax = 2 * kFfmMaxMatrices;
+  int count;
+  int col[kMax], n[kMax];
+  T* dst[kMax];
+};
+
+// The column sums of partial ([rows, cols] fp32, the backward's per-block or per-warp sums), each
+// added row by row in order (deterministic; no rows: zeros), rounded to T into the segments.
+template <typename T>
+cudaError_t ffm_sum_partials(const float* partial, int64_t rows, int64_t cols,
+                             const FfmSumSegments<T>& seg, cudaStream_t stream);
+
 // The backward: grad_x, and either each block's weight- and bias-gradient sums (plan.weight_grads)
 // or every layer's pre-activation gradient for the host's weight GEMMs and the per-warp
 // bias-gradient sums. The host adds the partial sums in a fixed order.
