@@ -1,8 +1,9 @@
 // Host side of the CUDA fully fused MLP: fp16/bf16 problems the kernels serve (sm_80+, features up
 // to 128, every layer's weights in one block's shared memory) run fully_fused_mlp_kernels.cu;
-// everything else runs the composed path. The host adds the backward kernel's partial sums of the
-// bias and (up to width 64) weight gradients; wider, the weight gradients are ATen GEMMs over the
-// pre-activation gradients the kernel writes.
+// everything else runs the composed path. A second small kernel adds the backward kernel's
+// partial sums of the weight and bias gradients (where the plan has it sum the weight gradients:
+// up to width 64) or of the bias gradients (elsewhere, where the weight gradients are ATen GEMMs
+// over the pre-activation gradients it writes).
 #include "fully_fused_mlp.h"
 
 #include <ATen/Dispatch.h>

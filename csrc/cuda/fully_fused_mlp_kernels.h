@@ -108,7 +108,7 @@ cudaError_t ffm_sum_partials(const float* partial, int64_t rows, int64_t cols,
 
 // The backward: grad_x, and either each block's weight- and bias-gradient sums (plan.weight_grads)
 // or every layer's pre-activation gradient for the host's weight GEMMs and the per-warp
-// bias-gradient sums. The host adds the partial sums in a fixed order.
+// bias-gradient sums, which ffm_sum_partials then adds in a fixed order.
 template <typename T>
 cudaError_t ffm_backward_cuda(const FfmBackward<T>& p, const DeviceInfo& dev, cudaStream_t stream);
 
