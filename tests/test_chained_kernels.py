@@ -73,7 +73,7 @@ def test_chain_matches_one_at_a_time(cols):
 
 CUDA_SOURCES = Path(__file__).resolve().parents[1] / "csrc" / "cuda"
 # Launched with <<<>>>, without the attribute that lets a kernel start early.
-PLAIN_KERNELS = {"ffm_forward_kernel", "ffm_backward_kernel"}
+PLAIN_KERNELS = {"ffm_forward_kernel", "ffm_backward_kernel", "ffm_sum_partials_kernel"}
 
 
 def _kernels(text):
