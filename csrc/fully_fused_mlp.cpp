@@ -74,10 +74,6 @@ at::Tensor linear(const at::Tensor& h, const at::Tensor& w, at::TensorList biase
 
 }  // namespace
 
-bool is_gelu(MlpActivation act) {
-  return act == MlpActivation::kGelu || act == MlpActivation::kGeluTanh;
-}
-
 FfmProblem check_ffm(const char* op, const at::Tensor& x, at::TensorList weights,
                      at::TensorList biases, c10::string_view activation,
                      c10::string_view output_activation) {

@@ -35,8 +35,6 @@ FfmProblem check_ffm(const char* op, const at::Tensor& x, at::TensorList weights
                      at::TensorList biases, c10::string_view activation,
                      c10::string_view output_activation);
 
-bool is_gelu(MlpActivation act);
-
 // The saves the forward returns when save_for_backward (else empty [0] tensors).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> ffm_empty_saves(const FfmProblem& p,
                                                                const at::Tensor& x, bool save);

@@ -41,11 +41,12 @@ def eager(mlp: FullyFusedMLP) -> nn.Sequential:
     return nn.Sequential(*mlp)
 
 
-def check(mlp: FullyFusedMLP, x: torch.Tensor):
-    """Output and every gradient against fp64 and the eager Sequential, by the tolerance rule."""
+def check(mlp: FullyFusedMLP, x: torch.Tensor, ref_device="cpu"):
+    """Output and every gradient against fp64 (computed on ref_device) and the eager Sequential,
+    by the tolerance rule."""
     dtype = x.dtype
-    ref_mlp = copy.deepcopy(mlp).double().cpu()
-    x_ref = x.detach().double().cpu().requires_grad_()
+    ref_mlp = copy.deepcopy(mlp).double().to(ref_device)
+    x_ref = x.detach().double().to(ref_device).requires_grad_()
     y, y_torch, y_ref = mlp(x), eager(mlp)(x), nn.Sequential(*ref_mlp)(x_ref)
     assert y.dtype == dtype and y.shape == y_torch.shape
     assert_close_to_reference(y, y_torch, y_ref, dtype, "out", atol=ATOL_GEMM)
@@ -54,7 +55,7 @@ def check(mlp: FullyFusedMLP, x: torch.Tensor):
     inputs, ref_inputs = [x, *mlp.parameters()], [x_ref, *ref_mlp.parameters()]
     grads = torch.autograd.grad(y, inputs, dy)
     grads_torch = torch.autograd.grad(y_torch, inputs, dy)
-    grads_ref = torch.autograd.grad(y_ref, ref_inputs, dy.double().cpu())
+    grads_ref = torch.autograd.grad(y_ref, ref_inputs, dy.double().to(ref_device))
     names = ["dx"] + [f"d{n}" for n, _ in mlp.named_parameters()]
     for name, g, gt, gr in zip(names, grads, grads_torch, grads_ref, strict=True):
         assert_close_to_reference(g, gt, gr, dtype, name, atol=ATOL_GEMM)
@@ -331,6 +332,41 @@ def test_cuda_many_rows(width, cuda_device):
         mlp = FullyFusedMLP(n_in, 7, width, 4).to(cuda_device, torch.bfloat16)
         x = torch.randn(70001, n_in, device=cuda_device, dtype=torch.bfloat16, requires_grad=True)
         check(mlp, x)
+
+
+# Width-128 networks whose backward runs in chunks of rows (n_in, activation, output_activation):
+# ~500K rows per launch for the GELU one, ~1M for the ReLU one (~1 GiB of what the weight GEMMs
+# read), so two or three launches for 1_100_001 rows, the last ragged.
+CHUNKED = [(128, "gelu", "none"), (3, "relu", "gelu")]
+
+
+def _chunked_mlp(n_in, activation, output_activation, device):
+    torch.manual_seed(0)
+    mlp = FullyFusedMLP(
+        n_in, 16, 128, 4, activation=activation, output_activation=output_activation
+    ).to(device, torch.bfloat16)
+    x = torch.randn(1_100_001, n_in, device=device, dtype=torch.bfloat16, requires_grad=True)
+    return mlp, x
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n_in, activation, output_activation", CHUNKED)
+def test_cuda_width_128_backward_in_chunks(n_in, activation, output_activation, cuda_device):
+    # Each chunk's weight gradients come from fp32 GEMMs, added in order. x's 3-feature rows are
+    # not 16-byte multiples, which cuBLASLt doesn't take: ATen's GEMM for that matrix. fp64
+    # reference on the GPU (on the CPU it would take minutes).
+    check(*_chunked_mlp(n_in, activation, output_activation, cuda_device), ref_device=cuda_device)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n_in, activation, output_activation", CHUNKED)
+def test_cuda_width_128_backward_launches_per_chunk(
+    n_in, activation, output_activation, cuda_device
+):
+    mlp, x = _chunked_mlp(n_in, activation, output_activation, cuda_device)
+    y = mlp(x)
+    names = _kernel_names(lambda: y.sum().backward())
+    assert sum("ffm_backward_kernel" in n for n in names) >= 2, names
 
 
 def _block_sizes(fn, tmp_path) -> dict[str, int]:

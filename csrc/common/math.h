@@ -18,6 +18,10 @@ enum class GeluApprox { kNone, kTanh };
 // Activations of fully_fused_mlp (host and kernel share the values).
 enum class MlpActivation : int { kNone = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3 };
 
+constexpr bool is_gelu(MlpActivation act) {
+  return act == MlpActivation::kGelu || act == MlpActivation::kGeluTanh;
+}
+
 // Kept as double so that fp64 math sees full precision; float code rounds them at compile time.
 constexpr double kSqrt1_2 = 0.70710678118654752440;      // 1/sqrt(2)
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;   // 1/sqrt(2*pi)

@@ -26,6 +26,7 @@
 //   B 16x8:  b0 = (k 2t..2t+1, n g), b1 = (k 2t+8.., n g); B[k][n] = W[n][k] is nn.Linear's
 //            [out, in] row-major, read as is in the forward and stored transposed for the backward
 //   C 16x8:  c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..)
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -315,11 +316,49 @@ __device__ __forceinline__ void mul_activate_grad(float (&c)[W / 8][4], T* q, in
   });
 }
 
+// Whether a [rows, cols] matrix at p takes the 16-byte path (load_matrix, load_tile, store_tile).
+template <typename T>
+__device__ __forceinline__ bool vec_ok(const T* p, int cols) {
+  return cols % (16 / sizeof(T)) == 0 && is_aligned16(p);
+}
+
 // Matrix w ([n_real, k_real] row-major) into shared memory as [n][k + kSkew], or transposed as
-// [k][n + kSkew]; zero outside the real matrix so that padded features stay exactly 0.
+// [k][n + kSkew]; zero outside the real matrix so that padded features stay exactly 0. Where w
+// needs no padding and its rows are 16-byte multiples, 16-byte loads, kBatch of them in flight
+// per thread (element by element, each launch of a width-128 backward took ~84 us longer: H200,
+// nine launches 4084 -> 3332 us); the transposed copy gives consecutive lanes consecutive rows,
+// so that a warp's 2-byte stores of one column fill consecutive halves (no bank conflicts).
 template <typename T>
 __device__ void load_matrix(T* dst, const T* w, int n_real, int k_real, MatDims d,
                             bool transposed) {
+  constexpr int kV = 16 / sizeof(T), kBatch = 4;
+  if (n_real == d.n && k_real == d.k && vec_ok(w, k_real)) {
+    const int row_chunks = d.k / kV, chunks = d.n * row_chunks;
+    for (int i0 = threadIdx.x; i0 < chunks; i0 += kBatch * blockDim.x) {
+      Pack<T, kV> v[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = i0 + b * blockDim.x;
+        const int r = transposed ? i % d.n : i / row_chunks;
+        const int c = (transposed ? i / d.n : i % row_chunks) * kV;
+        if (i < chunks) v[b] = load_pack<T, kV>(w + r * d.k + c);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = i0 + b * blockDim.x;
+        const int r = transposed ? i % d.n : i / row_chunks;
+        const int c = (transposed ? i / d.n : i % row_chunks) * kV;
+        if (i >= chunks) break;
+        if (transposed) {
+#pragma unroll
+          for (int j = 0; j < kV; ++j) dst[(c + j) * (d.n + kSkew) + r] = v[b].v[j];
+        } else {
+          store_pack<T, kV>(dst + r * (d.k + kSkew) + c, v[b]);
+        }
+      }
+    }
+    return;
+  }
   const T zero = from_acc<T>(0.f);
   for (int i = threadIdx.x; i < d.n * d.k; i += blockDim.x) {
     const int r = i / d.k, c = i % d.k;
@@ -440,12 +479,6 @@ __device__ __forceinline__ void store_tile(T* dst, const T* stage, int64_t r0, i
       if (r < valid && c < cols) dst[r * cols + c] = stage[r * kLd + c];
     }
   }
-}
-
-// Whether a [rows, cols] matrix at p takes load_tile's and store_tile's 16-byte path.
-template <typename T>
-__device__ __forceinline__ bool vec_ok(const T* p, int cols) {
-  return cols % (16 / sizeof(T)) == 0 && is_aligned16(p);
 }
 
 // A fragments of the staging tile's first k (a multiple of 16) columns.
@@ -786,7 +819,7 @@ __global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
   float* partial = !kWeightGrads && p.bias_partial
                        ? p.bias_partial + (int64_t(blockIdx.x) * warps + warp) * s.matrices * W
                        : nullptr;
-  if (partial) {
+  if (partial && !p.bias_partial_adds) {
     for (int i = lane; i < s.matrices * W; i += 32) partial[i] = 0.f;
   }
   __syncthreads();
@@ -842,9 +875,10 @@ __global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
       float* layer_partial = partial ? partial + (l - 1) * W : nullptr;
       if (partial) sums.prefetch(layer_partial, s.hidden, lane);
       const int64_t layer = int64_t(l - 1) * s.rows * s.hidden;
+      const T* const load_layer = load ? load + int64_t(l - 1) * p.saved_layer_stride : nullptr;
       // The saved tile of this layer, through a staging tile (coalesced): fetched during the GEMM
       // where the 16-byte path allows.
-      if (load_vec) load_tile_async<T, W>(load_to, load + layer, r0, s.rows, s.hidden, lane);
+      if (load_vec) load_tile_async<T, W>(load_to, load_layer, r0, s.rows, s.hidden, lane);
       zero_acc<W>(c);
       with_layer_dims<W>(mat_dims(s, l), [&](auto n, auto k) {
         warp_gemm<T, W>(c, a, ws, n + kSkew, k, n, lane);
@@ -852,7 +886,7 @@ __global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
           if (load_vec) {
             cp_async_wait();
           } else {
-            load_tile<T, W>(load_to, load + layer, r0, s.rows, s.hidden, false,
+            load_tile<T, W>(load_to, load_layer, r0, s.rows, s.hidden, false,
                             static_cast<const T*>(nullptr), MlpActivation::kNone, lane);
           }
           __syncwarp();
@@ -956,6 +990,12 @@ cudaError_t launch(Kernel kernel, const Params& p, bool backward, bool weight_gr
   return cudaGetLastError();
 }
 
+// Bytes of pre-activation gradients and GELU outputs a backward launch writes for the host's weight
+// GEMMs, about, at most (FfmBackwardPlan::chunk_rows). Width 128, 4 hidden layers, 2^21 rows, H200,
+// training step: unchunked 6.45 ms and 7172 MiB at peak (eager: 5252); 1 GiB chunks 6.47 ms and
+// 4071 MiB; 512 MiB chunks 6.87 ms and 3579 MiB (cuBLASLt's GEMMs over fewer rows ran slower).
+constexpr int64_t kGemmChunkBytes = int64_t(1) << 30;
+
 // Whether the backward sums the weight gradients itself: up to width 64, where a block's fp32 sums
 // (80 KB for five 64 x 64 matrices) fit beside the weights and both sets of staging tiles. Width
 // 128's sums alone (64 KB a matrix) would not: the host runs GEMMs over grad_hidden_pre there.
@@ -983,17 +1023,30 @@ auto with_backward_kernel(const FfmShape& s, bool weight_grads, F&& f) {
   }
 }
 
-// One thread per output element: the segment it falls in, then its column's sum over the rows.
+// A block per 32 consecutive outputs (the segment each falls in, its column of the partials) and
+// kSumSlices slices of the rows: slice j adds rows j, j + kSumSlices, ... in order, then slice 0
+// adds the slices' sums in order (deterministic). A width-128 backward's bias partials have ~1600
+// rows (one per warp of its grid): one thread per output walking them took ~100 us, now ~9.
+constexpr int kSumSlices = 16;
+
 template <typename T>
-__global__ void ffm_sum_partials_kernel(const float* partial, int64_t rows, int64_t cols,
-                                        const FfmSumSegments<T> seg) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x, s = 0;
+__global__ void __launch_bounds__(32 * kSumSlices)
+    ffm_sum_partials_kernel(const float* partial, int64_t rows, int64_t cols,
+                            const FfmSumSegments<T> seg) {
+  __shared__ float slice_sums[kSumSlices][32];
+  int i = blockIdx.x * 32 + threadIdx.x, s = 0;
   while (s < seg.count && i >= seg.n[s]) i -= seg.n[s++];
-  if (s == seg.count) return;
-  const float* p = partial + seg.col[s] + i;
+  const bool active = s < seg.count;
   float sum = 0.f;
+  if (active) {
+    const float* p = partial + seg.col[s] + i;
 #pragma unroll 8
-  for (int64_t r = 0; r < rows; ++r) sum += p[r * cols];
+    for (int64_t r = threadIdx.y; r < rows; r += kSumSlices) sum += p[r * cols];
+  }
+  slice_sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y > 0 || !active) return;
+  for (int j = 1; j < kSumSlices; ++j) sum += slice_sums[j][threadIdx.x];
   seg.dst[s][i] = from_acc<T>(sum);
 }
 
@@ -1031,10 +1084,27 @@ FfmBackwardPlan ffm_backward_plan(const FfmShape& s, const DeviceInfo& dev) {
   const bool weight_grads = sums_weight_grads<T>(s, dev);
   return with_backward_kernel<T>(s, weight_grads, [&](auto kernel, int width) {
     const int warps = warps_for<T>(s, true, weight_grads, dev);
-    const int64_t grid =
-        grid_size(kernel, s, warps, smem_bytes<T>(s, true, weight_grads, warps), dev);
-    return weight_grads ? FfmBackwardPlan{true, 0, grid * weight_grad_elems(s)}
-                        : FfmBackwardPlan{false, grid * warps * s.matrices * width, 0};
+    const size_t smem = smem_bytes<T>(s, true, weight_grads, warps);
+    if (weight_grads) {
+      return FfmBackwardPlan{
+          true, s.rows, 0, grid_size(kernel, s, warps, smem, dev) * int64_t(weight_grad_elems(s))};
+    }
+    // Whole waves of the resident warps' tiles per chunk (each block walks as many tiles in every
+    // full chunk), as many as keep the chunk's GEMM inputs within kGemmChunkBytes.
+    const int64_t wave_rows = int64_t(dev.sm_count) *
+                              std::max(blocks_per_sm(kernel, warps, smem, dev), 1) * warps *
+                              kTileRows;
+    const int64_t row_bytes =
+        int64_t(sizeof(T)) * ((s.matrices - 1) * s.hidden * (is_gelu(s.act) ? 2 : 1) +
+                              (s.out_act != MlpActivation::kNone ? s.out : 0));
+    const int64_t chunk = std::min(
+        s.rows, std::max<int64_t>(kGemmChunkBytes / (row_bytes * wave_rows), 1) * wave_rows);
+    // Every launch adds to the first's per-warp partials (its grid is the largest).
+    FfmShape first = s;
+    first.rows = chunk;
+    const int64_t partial =
+        int64_t(grid_size(kernel, first, warps, smem, dev)) * warps * s.matrices * width;
+    return FfmBackwardPlan{false, chunk, partial, 0};
   });
 }
 
@@ -1052,10 +1122,9 @@ cudaError_t ffm_sum_partials(const float* partial, int64_t rows, int64_t cols,
                              const FfmSumSegments<T>& seg, cudaStream_t stream) {
   int total = 0;
   for (int i = 0; i < seg.count; ++i) total += seg.n[i];
-  constexpr int kThreads = 256;
   if (total > 0) {
     ffm_sum_partials_kernel<T>
-        <<<(total + kThreads - 1) / kThreads, kThreads, 0, stream>>>(partial, rows, cols, seg);
+        <<<(total + 31) / 32, dim3(32, kSumSlices), 0, stream>>>(partial, rows, cols, seg);
   }
   return cudaGetLastError();
 }

@@ -51,27 +51,36 @@ struct FfmBackward {
   const T* w[kFfmMaxMatrices];
   const T* hidden_act;  // as saved by the forward when act is not a GELU, else null
   const T* hidden_pre;  // as saved when act is a GELU, else null
-  const T* out_pre;     // as saved, or null when out_act is none
-  const T* x;           // [rows, in]: read where the kernel sums the weight gradients
+  // Elements from one hidden layer's save to the next: the forward's rows * hidden, also where a
+  // launch covers only some of those rows (FfmBackwardPlan::chunk_rows).
+  int64_t saved_layer_stride;
+  const T* out_pre;  // as saved, or null when out_act is none
+  const T* x;        // [rows, in]: read where the kernel sums the weight gradients
   // The gradients of the pre-activations the host's weight GEMMs read, written where the kernel
-  // does not sum the weight gradients itself (else null):
+  // does not sum the weight gradients itself (else null), for this launch's s.rows rows:
   T* grad_out_pre;     // [rows, out] when out_act is not none (else grad_out is it)
   T* grad_hidden_pre;  // [hidden_layers, rows, hidden]
   T* hidden_out;       // the GELU hidden layers' outputs, same shape, recomputed
   T* grad_x;           // [rows, in]
   // Per-warp column sums of every layer's pre-activation gradient (the bias gradients), fp32
   // [warps, matrices, ffm_width(s)] (FfmBackwardPlan::bias_partial floats) where the network has
-  // biases and the plan does not say weight_grads, else null: sum over warps.
+  // biases and the plan does not say weight_grads, else null: sum over warps. A launch zeroes its
+  // warps' sums first, or with bias_partial_adds (the later chunks of one backward) adds to them.
   float* bias_partial;
+  bool bias_partial_adds;
   // Each block's sums of every parameter gradient, fp32 [blocks, sum of out_l * (in_l + has_bias)]
   // (per matrix its weight row-major, then its bias; FfmBackwardPlan::weight_partial floats) where
   // the plan says weight_grads, else null: sum over blocks.
   float* weight_partial;
 };
 
-// How the backward runs a shape on this device.
+// How the backward runs a shape on this device. Where the kernel sums the weight gradients, one
+// launch over every row. Else the host runs one launch per chunk_rows rows (the last may have
+// fewer), each followed by the weight GEMMs over what it wrote, so that the pre-activation
+// gradients and GELU outputs of a chunk, not of the batch, are live at once.
 struct FfmBackwardPlan {
   bool weight_grads;       // the kernel sums the weight and bias gradients (up to width 64)
+  int64_t chunk_rows;      // rows per launch
   int64_t bias_partial;    // floats of FfmBackward::bias_partial (0 where weight_grads)
   int64_t weight_partial;  // floats of FfmBackward::weight_partial (0 unless weight_grads)
 };

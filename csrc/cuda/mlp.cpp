@@ -43,6 +43,7 @@
 
 #include "bias_gelu.h"
 #include "common/cuda_host.h"
+#include "cuda/gemm.h"
 
 namespace fusedops {
 namespace {
@@ -75,6 +76,7 @@ struct Operand {
   const void* ptr;
   int64_t rows, cols;
   bool t;
+  at::ScalarType dtype;
 };
 
 // m [rows, cols] is the .t() view of a contiguous [cols, rows] matrix: m.t().is_contiguous(),
@@ -86,9 +88,9 @@ bool column_major(const at::Tensor& m) {
 // op(m) = t ? m.T : m for a row-major or a column-major m. A column-major m (e.g. the .t() view of
 // a weight stored [in, out]) is read in place as its row-major storage with t flipped: no copy.
 Operand operand(const at::Tensor& m, bool t) {
-  if (m.is_contiguous()) return {m.const_data_ptr(), m.size(0), m.size(1), t};
+  if (m.is_contiguous()) return {m.const_data_ptr(), m.size(0), m.size(1), t, m.scalar_type()};
   TORCH_INTERNAL_ASSERT(column_major(m));
-  return {m.const_data_ptr(), m.size(1), m.size(0), !t};
+  return {m.const_data_ptr(), m.size(1), m.size(0), !t, m.scalar_type()};
 }
 
 // A weight as the GEMMs read it: row-major (nn.Linear's [out, in]) and column-major (the .t()
@@ -97,7 +99,8 @@ at::Tensor gemm_layout(const at::Tensor& w) {
   return w.is_contiguous() || column_major(w) ? w : w.contiguous();
 }
 
-// d [M, N] = op(a) @ op(b) in row-major terms. Epilogue operands:
+// d [M, N] = op(a) @ op(b) in row-major terms; a and b of d's dtype, or fp16/bf16 into an fp32 d.
+// Epilogue operands:
 //   bias: BIAS reads it, BGRADB writes it; [N] (BGRADB: [M])
 //   aux:  GELU_AUX* writes the pre-activation, DGELU* reads it; [M, N] row-major (ld N)
 struct LtGemm {
@@ -332,23 +335,31 @@ int fastest(int n, cudaStream_t stream, const Run& run) {
 
 // Runs g on the current stream; false (nothing enqueued) when cuBLASLt can't take it.
 bool lt_gemm(const LtGemm& g) {
-  const at::ScalarType dtype = g.d.scalar_type();
-  cudaDataType_t type;
+  const at::ScalarType dtype = g.d.scalar_type(), in_dtype = g.a.dtype;
+  cudaDataType_t type, in_type;
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  switch (dtype) {
-    case at::kFloat:
-      type = CUDA_R_32F;
-      // torch.backends.cuda.matmul.allow_tf32, as torch's own fp32 matmuls.
-      if (at::globalContext().allowTF32CuBLAS()) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-      break;
-    case at::kHalf:
-      type = CUDA_R_16F;
-      break;
-    case at::kBFloat16:
-      type = CUDA_R_16BF;
-      break;
-    default:
-      return false;
+  const auto lt_type = [](at::ScalarType t, cudaDataType_t& out) {
+    switch (t) {
+      case at::kFloat:
+        out = CUDA_R_32F;
+        return true;
+      case at::kHalf:
+        out = CUDA_R_16F;
+        return true;
+      case at::kBFloat16:
+        out = CUDA_R_16BF;
+        return true;
+      default:
+        return false;
+    }
+  };
+  if (!lt_type(dtype, type) || !lt_type(in_dtype, in_type) || g.b.dtype != in_dtype) return false;
+  if (in_dtype != dtype && (dtype != at::kFloat || g.epilogue != CUBLASLT_EPILOGUE_DEFAULT)) {
+    return false;
+  }
+  // torch.backends.cuda.matmul.allow_tf32, as torch's own fp32 matmuls.
+  if (in_dtype == at::kFloat && at::globalContext().allowTF32CuBLAS()) {
+    compute = CUBLAS_COMPUTE_32F_FAST_TF32;
   }
   const int64_t m_rows = g.d.size(0), n_cols = g.d.size(1);
   const int64_t k = g.a.t ? g.a.rows : g.a.cols;
@@ -357,10 +368,11 @@ bool lt_gemm(const LtGemm& g) {
                         (g.b.t ? g.b.cols : g.b.rows) == k);
   if (m_rows == 0 || n_cols == 0 || k == 0) return false;
   // 16-byte aligned pointers and leading dimensions; the GELU aux ld must be a multiple of 8.
-  const int64_t esize = static_cast<int64_t>(at::elementSize(dtype));
+  const int64_t esize = static_cast<int64_t>(at::elementSize(in_dtype));
+  const int64_t d_esize = static_cast<int64_t>(at::elementSize(dtype));
   const bool aligned = aligned16(g.a.ptr) && aligned16(g.b.ptr) && aligned16(g.d.data_ptr()) &&
                        (g.a.cols * esize) % 16 == 0 && (g.b.cols * esize) % 16 == 0 &&
-                       (n_cols * esize) % 16 == 0 && (g.bias == nullptr || aligned16(g.bias)) &&
+                       (n_cols * d_esize) % 16 == 0 && (g.bias == nullptr || aligned16(g.bias)) &&
                        (g.aux == nullptr || (aligned16(g.aux) && n_cols % 8 == 0));
   if (!aligned) return false;
 
@@ -378,8 +390,8 @@ bool lt_gemm(const LtGemm& g) {
     FUSEDOPS_LT_TRY(desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, int64_t(n_cols)));
   }
   Layout a_layout, b_layout, d_layout;
-  FUSEDOPS_LT_TRY(cublasLtMatrixLayoutCreate(&a_layout.h, type, g.b.cols, g.b.rows, g.b.cols));
-  FUSEDOPS_LT_TRY(cublasLtMatrixLayoutCreate(&b_layout.h, type, g.a.cols, g.a.rows, g.a.cols));
+  FUSEDOPS_LT_TRY(cublasLtMatrixLayoutCreate(&a_layout.h, in_type, g.b.cols, g.b.rows, g.b.cols));
+  FUSEDOPS_LT_TRY(cublasLtMatrixLayoutCreate(&b_layout.h, in_type, g.a.cols, g.a.rows, g.a.cols));
   FUSEDOPS_LT_TRY(cublasLtMatrixLayoutCreate(&d_layout.h, type, n_cols, m_rows, n_cols));
 
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
@@ -398,7 +410,7 @@ bool lt_gemm(const LtGemm& g) {
                      : at::Tensor();
   };
   const GemmKey key{at::cuda::current_device(),
-                    int64_t(dtype),
+                    int64_t(dtype) * 64 + int64_t(in_dtype),
                     int64_t(compute),
                     g.b.t,
                     g.a.t,
@@ -584,6 +596,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
 }
 
 }  // namespace
+
+void mm_f32_out(at::Tensor& d, const at::Tensor& a, bool a_t, const at::Tensor& b, bool b_t) {
+  if (lt_gemm({operand(a, a_t), operand(b, b_t), d})) return;
+  d.copy_(at::mm(a_t ? a.t() : a, b_t ? b.t() : b));
+}
 
 TORCH_LIBRARY_IMPL(fusedops, CUDA, m) {
   m.impl("mlp_fwd", &mlp_fwd);
