@@ -82,7 +82,9 @@ sanitizer() {
   local mlp=(tests/test_mlp.py tests/test_bias_gelu.py -m cuda -k "not compile and not epilogues_used")
   # (Under memcheck, the CUDA-graph test's capture fails in autograd's stream sync, and the
   # profiler sees no kernels: those tests are left out.)
-  local ffm=(tests/test_fully_fused_mlp.py -m cuda -k "not fused_kernels_run and not warps_that_fit and not block_sizes and not graph")
+  local ffm=(tests/test_fully_fused_mlp.py -m cuda -k "not fused_kernels_run and not warps_that_fit and not block_sizes and not launches_per_chunk and not graph")
+  # racecheck without the 1.1M-row chunked backwards (it had not finished them in 120 s).
+  local ffm_race=(tests/test_fully_fused_mlp.py -m cuda -k "not fused_kernels_run and not warps_that_fit and not block_sizes and not launches_per_chunk and not graph and not in_chunks")
   # Kernels launched while the one ahead of them still runs, each on its output.
   local chain=(tests/test_chained_kernels.py -k "not 300000")
   rm -f "$RESULTS/sanitizer.rc"
@@ -92,7 +94,7 @@ sanitizer() {
   run_tool racecheck softmax "${softmax[@]}" &
   run_tool racecheck norms "${norms[@]}" &
   run_tool memcheck ffm "${ffm[@]}" &
-  run_tool racecheck ffm "${ffm[@]}" &
+  run_tool racecheck ffm "${ffm_race[@]}" &
   run_tool memcheck chain "${chain[@]}" &
   wait
   export PYTORCH_NO_CUDA_MEMORY_CACHING=1
