@@ -139,12 +139,12 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
 // [16, C, 64, 64] channels_last over dim 1, rows path / torch, ms: C = 21 fp32 16.4 / 7.4, bf16
 // 12.3 / 5.4; C = 32 bf16 1.97 / 1.52; C = 64 bf16 3.5 / 4.4, fp32 14.2 / 15.5). Not fp16/bf16
 // log_softmax on torch 2.4, whose CPU kernel there maps -inf inputs to NaN (the floor build's
-// tests; torch 2.14's doesn't). So do many fp32 rows of 16-63 elements in any layout, where
+// tests; torch 2.14's doesn't). So do fp32 rows of 16-63 elements in any layout, where
 // torch's vectorized kernel beats the rows path's one or two partial vector steps per row (2
 // threads, 65536 rows, the rows path's speed over torch at 16 / 21 / 32 / 48 columns: softmax
 // forward 0.45 / 0.68 / 0.99 / 0.65x, backward 0.47 / 0.59 / 0.77 / 0.88x, log_softmax forward
 // 0.30 / 0.57 / 0.97 / 0.75x, backward 0.38 / 0.68 / 0.93 / 0.68x); shorter rows (4 and 8
-// columns: 1.1-9.8x) and rows of 64 and more (0.88-1.49x) keep the rows path. And many fp16/bf16
+// columns: 1.1-9.8x) and rows of 64 and more (0.88-1.49x) keep the rows path. And fp16/bf16
 // rows of 32-255 elements, for log_softmax and softmax's backward, where torch's kernels beat
 // the rows path's per-row reductions and scalar tails (same measure, 32 / 48 / 96 / 127 / 197 /
 // 255 columns: bf16 log_softmax forward 0.68 / 0.56 / 0.83 / 0.82 / 0.98 / 1.00x, backward 1.00
@@ -152,9 +152,16 @@ void softmax_bwd_cpu(const T* dy, const T* y, T* dx, int64_t rows, int64_t cols,
 // 0.72x; fp16 0.80 / 0.67 / 1.02 / 0.90 / 0.93 / 1.08x, 1.00 / 0.77 / 1.01 / 0.86 / 0.85 /
 // 0.94x, 0.92 / 0.28 / 0.97 / 0.29 / 0.95 / 0.49x; torch's kernel through the op: 0.96-1.02x);
 // softmax's forward keeps the rows path there (1.08-2.7x), and so do shorter rows (16 and 21:
-// 1.1-6.5x) and longer ones (256: 0.96-1.19x).
+// 1.1-6.5x) and longer ones (256: 0.96-1.19x). Those two row-length rules hold for any number of
+// rows: with fewer, in cache, torch's kernel led by more (2 threads, the rows path's speed over
+// torch at 64 / 512 / 4352 rows: fp32 17 columns softmax forward 0.64 / 0.40 / 0.66x, log_softmax
+// forward 0.55 / 0.28 / 0.41x, backward 0.97 / 0.74 / 0.66x; fp32 48 columns 0.62 / 0.40 / 0.68x,
+// 0.55 / 0.31 / 0.46x, 0.94 / 0.66 / 0.65x; bf16 48 columns log_softmax forward 0.49 / 0.29 /
+// 0.49x, softmax backward 0.96 / 0.73 / 0.75x; at 8 rows level), so they no longer wait for
+// many_short_softmaxes' 16384 rows. (The demo's attention softmax, 4352 fp32 rows of 17, read
+// 0.71x torch on the CPU.)
 constexpr int64_t kCpuTransposedRowsCols = 64;       // rows at least this long keep the rows path
-constexpr int64_t kCpuFp32TorchRows[2] = {16, 64};   // [first, end) of such fp32 row lengths
+constexpr int64_t kCpuFp32TorchRows[2] = {16, 64};   // [first, end) of fp32 row lengths for torch
 constexpr int64_t kCpuHalfTorchRows[2] = {32, 256};  // and of fp16/bf16 ones (not softmax forward)
 bool cpu_runs_torch(const at::Tensor& t, int64_t dim, bool log, bool backward) {
   const bool half = at::isReducedFloatingType(t.scalar_type());
@@ -162,9 +169,10 @@ bool cpu_runs_torch(const at::Tensor& t, int64_t dim, bool log, bool backward) {
   if (log && half) return false;
 #endif
   if (softmax_dim_strided(t, dim)) return true;
-  if (t.dim() == 0 || !many_short_softmaxes(t, dim)) return false;
+  if (t.dim() == 0) return false;
   const int64_t cols = t.size(dim);
-  return (softmax_dim_transposed(t, dim) && cols < kCpuTransposedRowsCols) ||
+  return (softmax_dim_transposed(t, dim) && many_short_softmaxes(t, dim) &&
+          cols < kCpuTransposedRowsCols) ||
          (t.scalar_type() == at::kFloat && cols >= kCpuFp32TorchRows[0] &&
           cols < kCpuFp32TorchRows[1]) ||
          (half && (log || backward) && cols >= kCpuHalfTorchRows[0] && cols < kCpuHalfTorchRows[1]);
