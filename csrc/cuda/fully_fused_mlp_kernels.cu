@@ -33,6 +33,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "common/launch.h"
 #include "common/math.h"
 #include "common/vec.cuh"
 #include "cuda/fully_fused_mlp_kernels.h"
@@ -994,7 +995,10 @@ cudaError_t launch(Kernel kernel, const Params& p, bool backward, bool weight_gr
 // GEMMs, about, at most (FfmBackwardPlan::chunk_rows). Width 128, 4 hidden layers, 2^21 rows, H200,
 // training step: unchunked 6.45 ms and 7172 MiB at peak (eager: 5252); 1 GiB chunks 6.47 ms and
 // 4071 MiB; 512 MiB chunks 6.87 ms and 3579 MiB (cuBLASLt's GEMMs over fewer rows ran slower).
+// And at least kMinChunks chunks: at 2^18 rows, one chunk 0.913 ms and 904 MiB (eager: 772), two
+// 0.966 ms and 688 MiB, four 1.121 ms and 541 MiB.
 constexpr int64_t kGemmChunkBytes = int64_t(1) << 30;
+constexpr int64_t kMinChunks = 2;
 
 // Whether the backward sums the weight gradients itself: up to width 64, where a block's fp32 sums
 // (80 KB for five 64 x 64 matrices) fit beside the weights and both sets of staging tiles. Width
@@ -1091,15 +1095,18 @@ FfmBackwardPlan ffm_backward_plan(const FfmShape& s, const DeviceInfo& dev) {
           true, s.rows, 0, grid_size(kernel, s, warps, smem, dev) * int64_t(weight_grad_elems(s))};
     }
     // Whole waves of the resident warps' tiles per chunk (each block walks as many tiles in every
-    // full chunk), as many as keep the chunk's GEMM inputs within kGemmChunkBytes.
+    // full chunk): as many as keep the chunk's GEMM inputs within kGemmChunkBytes, and no more
+    // than cover half the batch, whose GEMM inputs all at once would take the step's peak above
+    // eager's (kMinChunks).
     const int64_t wave_rows = int64_t(dev.sm_count) *
                               std::max(blocks_per_sm(kernel, warps, smem, dev), 1) * warps *
                               kTileRows;
     const int64_t row_bytes =
         int64_t(sizeof(T)) * ((s.matrices - 1) * s.hidden * (is_gelu(s.act) ? 2 : 1) +
                               (s.out_act != MlpActivation::kNone ? s.out : 0));
-    const int64_t chunk = std::min(
-        s.rows, std::max<int64_t>(kGemmChunkBytes / (row_bytes * wave_rows), 1) * wave_rows);
+    const int64_t budget_waves = std::max<int64_t>(kGemmChunkBytes / (row_bytes * wave_rows), 1);
+    const int64_t share_waves = ceil_div(ceil_div(s.rows, kMinChunks), wave_rows);
+    const int64_t chunk = std::min(s.rows, std::min(budget_waves, share_waves) * wave_rows);
     // Every launch adds to the first's per-warp partials (its grid is the largest).
     FfmShape first = s;
     first.rows = chunk;
