@@ -334,36 +334,41 @@ def test_cuda_many_rows(width, cuda_device):
         check(mlp, x)
 
 
-# Width-128 networks whose backward runs in chunks of rows (n_in, activation, output_activation):
-# ~500K rows per launch for the GELU one, ~1M for the ReLU one (~1 GiB of what the weight GEMMs
-# read), so two or three launches for 1_100_001 rows, the last ragged.
+# Width-128 networks whose backward runs in chunks of rows (n_in, activation, output_activation),
+# at least two, of whole waves of the resident warps' tiles (16896 rows on an H100 or H200) and of
+# up to ~1 GiB of what the weight GEMMs read (~500K rows for the GELU one, ~1M for the ReLU one).
+# Rows: a few waves (two launches, the last ragged), and past that budget (two or three).
 CHUNKED = [(128, "gelu", "none"), (3, "relu", "gelu")]
+CHUNKED_ROWS = [pytest.param(40_001, id="few_waves"), pytest.param(1_100_001, id="past_budget")]
 
 
-def _chunked_mlp(n_in, activation, output_activation, device):
+def _chunked_mlp(n_in, activation, output_activation, rows, device):
     torch.manual_seed(0)
     mlp = FullyFusedMLP(
         n_in, 16, 128, 4, activation=activation, output_activation=output_activation
     ).to(device, torch.bfloat16)
-    x = torch.randn(1_100_001, n_in, device=device, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(rows, n_in, device=device, dtype=torch.bfloat16, requires_grad=True)
     return mlp, x
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("rows", CHUNKED_ROWS)
 @pytest.mark.parametrize("n_in, activation, output_activation", CHUNKED)
-def test_cuda_width_128_backward_in_chunks(n_in, activation, output_activation, cuda_device):
+def test_cuda_width_128_backward_in_chunks(n_in, activation, output_activation, rows, cuda_device):
     # Each chunk's weight gradients come from fp32 GEMMs, added in order. x's 3-feature rows are
     # not 16-byte multiples, which cuBLASLt doesn't take: ATen's GEMM for that matrix. fp64
     # reference on the GPU (on the CPU it would take minutes).
-    check(*_chunked_mlp(n_in, activation, output_activation, cuda_device), ref_device=cuda_device)
+    mlp, x = _chunked_mlp(n_in, activation, output_activation, rows, cuda_device)
+    check(mlp, x, ref_device=cuda_device)
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("rows", CHUNKED_ROWS)
 @pytest.mark.parametrize("n_in, activation, output_activation", CHUNKED)
 def test_cuda_width_128_backward_launches_per_chunk(
-    n_in, activation, output_activation, cuda_device
+    n_in, activation, output_activation, rows, cuda_device
 ):
-    mlp, x = _chunked_mlp(n_in, activation, output_activation, cuda_device)
+    mlp, x = _chunked_mlp(n_in, activation, output_activation, rows, cuda_device)
     y = mlp(x)
     names = _kernel_names(lambda: y.sum().backward())
     assert sum("ffm_backward_kernel" in n for n in names) >= 2, names
