@@ -11,6 +11,7 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -29,7 +30,6 @@ using cpu::for_rows;
 using cpu::ld;
 using cpu::ld_step;
 using cpu::Max;
-using cpu::out_row;
 using cpu::st;
 using cpu::st_step;
 using cpu::Sum;
@@ -42,56 +42,86 @@ using cpu::Sum;
 // too, 2 threads, 65536 rows, ms, alternating processes: fp32 16 / 21 / 48 columns 1.95 / 2.26 /
 // 2.59 -> 1.48 / 1.61 / 1.91 (torch 0.67 / 1.11 / 1.23), bf16 2.24 / 2.58 / 2.96 -> 1.89 / 1.94 /
 // 2.43 (bf16 log_softmax at 16 columns 2.31 -> 2.43); whole rows (32, 64, 100, 128, 1024) alike.
-template <typename T>
-void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
+// Short rows go in groups: each pass runs over every row of the group before the next pass
+// starts, so that one row's reductions (a horizontal max, a horizontal sum, a log) overlap the
+// next row's loads instead of ending a chain of dependent instructions. A group is as many rows as
+// keep the bytes its passes read again within kGroupBytes, so that they are still in L1.
+constexpr int64_t kGroupBytes = 8192;
+constexpr int64_t kMaxGroupRows = 64;
+inline int64_t group_rows(int64_t reread_row_bytes) {
+  return std::clamp<int64_t>(kGroupBytes / std::max<int64_t>(reread_row_bytes, 1), 1,
+                             kMaxGroupRows);
+}
+template <typename T, bool kLog>
+void softmax_fwd_rows(const T* x, T* y, int64_t rows, int64_t cols) {
   using A = acc_t<T>;
   constexpr A kNegInf = -std::numeric_limits<A>::infinity();
+  constexpr bool kBuffer = !kLog && !std::is_same_v<T, A>;
+  const int64_t group = group_rows(cols * int64_t(sizeof(T) + (kLog ? 0 : sizeof(A))));
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
-    std::vector<A> buf(std::is_same_v<T, A> || log ? 0 : cols);
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * cols;
-      T* yr = y + r * cols;
-      Max<A> mx;
-      for_each_step<A>(cols, [&](int64_t i, auto step) { mx.add(ld_step(xr + i, step, kNegInf)); });
-      const A max = mx.total();
+    std::vector<A> buf(kBuffer ? group * cols : 0);
+    A max[kMaxGroupRows], sum[kMaxGroupRows];
+    for (int64_t first = begin; first < end; first += group) {
+      const int64_t n = std::min(group, end - first);
+      const T* xg = x + first * cols;
+      T* yg = y + first * cols;
+      // Where softmax keeps row r's exp(x - max) for the last pass.
+      auto exps = [&](int64_t r) {
+        if constexpr (kBuffer) {
+          return buf.data() + r * cols;
+        } else {
+          return yg + r * cols;
+        }
+      };
+      for (int64_t r = 0; r < n; ++r) {
+        const T* xr = xg + r * cols;
+        Max<A> mx;
+        for_each_step<A>(cols,
+                         [&](int64_t i, auto step) { mx.add(ld_step(xr + i, step, kNegInf)); });
+        max[r] = mx.total();
+      }
       // With a finite max every x - max is in [-inf, 0], where the cheaper exp_u20 is exact
       // enough; a row holding NaN or +inf takes exp(), which propagates NaN.
-      auto row = [&](const auto& exp_fn) {
-        Sum<A> sum;
-        if (log) {
+      for (int64_t r = 0; r < n; ++r) {
+        const T* xr = xg + r * cols;
+        auto exp_sum = [&](const auto& exp_fn) {
+          Sum<A> acc;
           for_each_step<A>(cols, [&](int64_t i, auto step) {
             const auto v = ld_step(xr + i, step, kNegInf);
-            sum.add(exp_fn(v - decltype(v)(max)));
+            const auto ev = exp_fn(v - decltype(v)(max[r]));
+            if constexpr (!kLog) st_step(exps(r) + i, ev, step);
+            acc.add(ev);
           });
-          // (x - max) - log(sum): max + log(sum) loses digits.
-          const A log_sum = std::log(sum.total());
+          return acc.total();
+        };
+        sum[r] = std::isfinite(max[r]) ? exp_sum([](const auto& v) { return cpu::exp_u20(v); })
+                                       : exp_sum([](const auto& v) { return cpu::exp(v); });
+      }
+      for (int64_t r = 0; r < n; ++r) sum[r] = kLog ? std::log(sum[r]) : A(1) / sum[r];
+      for (int64_t r = 0; r < n; ++r) {
+        T* yr = yg + r * cols;
+        if constexpr (kLog) {  // (x - max) - log(sum): max + log(sum) loses digits
+          const T* xr = xg + r * cols;
           for_each_step<A>(cols, [&](int64_t i, auto step) {
             const auto v = ld_step(xr + i, step, A(0));
             using V = std::decay_t<decltype(v)>;
-            st_step(yr + i, (v - V(max)) - V(log_sum), step);
+            st_step(yr + i, (v - V(max[r])) - V(sum[r]), step);
           });
         } else {
-          A* e = out_row(yr, buf);
-          for_each_step<A>(cols, [&](int64_t i, auto step) {
-            const auto v = ld_step(xr + i, step, kNegInf);
-            const auto ev = exp_fn(v - decltype(v)(max));
-            st_step(e + i, ev, step);
-            sum.add(ev);
-          });
-          const A inv = A(1) / sum.total();
+          const A* e = exps(r);
           for_each_step<A>(cols, [&](int64_t i, auto step) {
             const auto v = ld_step(e + i, step, A(0));
-            st_step(yr + i, v * std::decay_t<decltype(v)>(inv), step);
+            st_step(yr + i, v * std::decay_t<decltype(v)>(sum[r]), step);
           });
         }
-      };
-      if (std::isfinite(max)) {
-        row([](const auto& v) { return cpu::exp_u20(v); });
-      } else {
-        row([](const auto& v) { return cpu::exp(v); });
       }
     }
   });
+}
+
+template <typename T>
+void softmax_fwd_cpu(const T* x, T* y, int64_t rows, int64_t cols, bool log) {
+  log ? softmax_fwd_rows<T, true>(x, y, rows, cols) : softmax_fwd_rows<T, false>(x, y, rows, cols);
 }
 
 // softmax:     dx = y * (dy - sum(dy * y))
