@@ -60,7 +60,7 @@ void softmax_fwd_rows(const T* x, T* y, int64_t rows, int64_t cols) {
   const int64_t group = group_rows(cols * int64_t(sizeof(T) + (kLog ? 0 : sizeof(A))));
   for_rows(rows, cols, [&](int64_t begin, int64_t end) {
     std::vector<A> buf(kBuffer ? group * cols : 0);
-    A max[kMaxGroupRows], sum[kMaxGroupRows];
+    A row_max[kMaxGroupRows], row_sum[kMaxGroupRows];
     for (int64_t first = begin; first < end; first += group) {
       const int64_t n = std::min(group, end - first);
       const T* xg = x + first * cols;
@@ -78,7 +78,7 @@ void softmax_fwd_rows(const T* x, T* y, int64_t rows, int64_t cols) {
         Max<A> mx;
         for_each_step<A>(cols,
                          [&](int64_t i, auto step) { mx.add(ld_step(xr + i, step, kNegInf)); });
-        max[r] = mx.total();
+        row_max[r] = mx.total();
       }
       // With a finite max every x - max is in [-inf, 0], where the cheaper exp_u20 is exact
       // enough; a row holding NaN or +inf takes exp(), which propagates NaN.
@@ -88,16 +88,18 @@ void softmax_fwd_rows(const T* x, T* y, int64_t rows, int64_t cols) {
           Sum<A> acc;
           for_each_step<A>(cols, [&](int64_t i, auto step) {
             const auto v = ld_step(xr + i, step, kNegInf);
-            const auto ev = exp_fn(v - decltype(v)(max[r]));
+            const auto ev = exp_fn(v - decltype(v)(row_max[r]));
             if constexpr (!kLog) st_step(exps(r) + i, ev, step);
             acc.add(ev);
           });
           return acc.total();
         };
-        sum[r] = std::isfinite(max[r]) ? exp_sum([](const auto& v) { return cpu::exp_u20(v); })
-                                       : exp_sum([](const auto& v) { return cpu::exp(v); });
+        row_sum[r] = std::isfinite(row_max[r])
+                         ? exp_sum([](const auto& v) { return cpu::exp_u20(v); })
+                         : exp_sum([](const auto& v) { return cpu::exp(v); });
       }
-      for (int64_t r = 0; r < n; ++r) sum[r] = kLog ? std::log(sum[r]) : A(1) / sum[r];
+      // Now what the last pass takes: log(sum) (log_softmax), 1 / sum (softmax).
+      for (int64_t r = 0; r < n; ++r) row_sum[r] = kLog ? std::log(row_sum[r]) : A(1) / row_sum[r];
       for (int64_t r = 0; r < n; ++r) {
         T* yr = yg + r * cols;
         if constexpr (kLog) {  // (x - max) - log(sum): max + log(sum) loses digits
@@ -105,13 +107,13 @@ void softmax_fwd_rows(const T* x, T* y, int64_t rows, int64_t cols) {
           for_each_step<A>(cols, [&](int64_t i, auto step) {
             const auto v = ld_step(xr + i, step, A(0));
             using V = std::decay_t<decltype(v)>;
-            st_step(yr + i, (v - V(max[r])) - V(sum[r]), step);
+            st_step(yr + i, (v - V(row_max[r])) - V(row_sum[r]), step);
           });
         } else {
           const A* e = exps(r);
           for_each_step<A>(cols, [&](int64_t i, auto step) {
             const auto v = ld_step(e + i, step, A(0));
-            st_step(yr + i, v * std::decay_t<decltype(v)>(sum[r]), step);
+            st_step(yr + i, v * std::decay_t<decltype(v)>(row_sum[r]), step);
           });
         }
       }

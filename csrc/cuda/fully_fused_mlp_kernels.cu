@@ -1096,8 +1096,8 @@ FfmBackwardPlan ffm_backward_plan(const FfmShape& s, const DeviceInfo& dev) {
     }
     // Whole waves of the resident warps' tiles per chunk (each block walks as many tiles in every
     // full chunk): as many as keep the chunk's GEMM inputs within kGemmChunkBytes, and no more
-    // than cover half the batch, whose GEMM inputs all at once would take the step's peak above
-    // eager's (kMinChunks).
+    // than cover half the batch (kMinChunks: the whole batch's took a GELU network's step above
+    // eager's peak).
     const int64_t wave_rows = int64_t(dev.sm_count) *
                               std::max(blocks_per_sm(kernel, warps, smem, dev), 1) * warps *
                               kTileRows;
