@@ -1,7 +1,7 @@
 """softmax and log_softmax beside torch's on the CPU over short rows that stay in cache (the
 sizes where the per-row reductions, not memory, decide), forward and backward (the backward op
 alone, given fusedops' forward output). Each cell: median of 7 runs of about 3M elements' worth
-of calls, µs per call, fusedops / torch and torch's time over fusedops'.
+of calls (softmax_shapes.median_ms), µs per call, fusedops / torch and torch's time over fusedops'.
 
     python bench/cpu_short_rows.py [--threads 2] [--json FILE]
 
@@ -10,10 +10,9 @@ To compare two builds, run it in each tree in turn (twice or more: this is a sha
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
+from softmax_shapes import median_ms
 
 import fusedops
 
@@ -37,18 +36,6 @@ SHAPES = (
 )
 
 
-def median_us(f, calls: int) -> float:
-    for _ in range(max(3, calls // 10)):
-        f()
-    runs = []
-    for _ in range(7):
-        start = time.perf_counter()
-        for _ in range(calls):
-            f()
-        runs.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(runs)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -56,6 +43,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ops = torch.ops
+    cpu = torch.device("cpu")
+
+    def us(f, calls: int) -> float:
+        return median_ms(f, cpu, calls) * 1e3
+
     cells = {}
     for dtype in (torch.float32, torch.bfloat16):
         for rows, cols in SHAPES:
@@ -68,19 +60,18 @@ def main() -> None:
                 torch_bwd = (
                     ops.aten._log_softmax_backward_data if log else ops.aten._softmax_backward_data
                 )
-                us = [
-                    median_us(lambda x=x, log=log: ops.fusedops.softmax_fwd(x, -1, log), calls),
-                    median_us(lambda x=x, f=torch_fwd: f(x, -1), calls),
-                    median_us(
-                        lambda g=g, y=y, log=log: ops.fusedops.softmax_bwd(g, y, -1, log), calls
-                    ),
-                    median_us(lambda g=g, y=y, f=torch_bwd: f(g, y, -1, y.dtype), calls),
+                times = [
+                    us(lambda x=x, log=log: ops.fusedops.softmax_fwd(x, -1, log), calls),
+                    us(lambda x=x, f=torch_fwd: f(x, -1), calls),
+                    us(lambda g=g, y=y, log=log: ops.fusedops.softmax_bwd(g, y, -1, log), calls),
+                    us(lambda g=g, y=y, f=torch_bwd: f(g, y, -1, y.dtype), calls),
                 ]
                 name = f"{'log_softmax' if log else 'softmax'} {str(dtype)[6:]} {rows}x{cols}"
-                cells[name] = us
+                cells[name] = times
+                fwd, torch_fwd_us, bwd, torch_bwd_us = times
                 print(
-                    f"{name:32} fwd {us[0]:8.1f} / {us[1]:8.1f} ({us[1] / us[0]:.2f}x)  "
-                    f"bwd {us[2]:8.1f} / {us[3]:8.1f} ({us[3] / us[2]:.2f}x)",
+                    f"{name:32} fwd {fwd:8.1f} / {torch_fwd_us:8.1f} ({torch_fwd_us / fwd:.2f}x)  "
+                    f"bwd {bwd:8.1f} / {torch_bwd_us:8.1f} ({torch_bwd_us / bwd:.2f}x)",
                     flush=True,
                 )
     if args.json:
