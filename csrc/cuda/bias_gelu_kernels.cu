@@ -194,7 +194,10 @@ __device__ __forceinline__ void bias_gelu_bwd_rows(
       }
     }
   }
-  if (dbias == nullptr) return;      // uniform over the grid: no thread skips a barrier alone
+  if (dbias == nullptr) return;  // uniform over the grid: no thread skips a barrier alone
+  // The partial-row sum may launch now (it waits for this grid to complete). H200, kernel-only,
+  // µs: bf16 / fp32 4096x1024 12.3 / 17.9 -> 11.9 / 17.5, bf16 4096x4096 32.2 -> 31.7.
+  sm90::launch_dependents();
   const int seg = blockDim.x * VEC;  // columns this block covers
 #pragma unroll
   for (int j = 0; j < VEC; ++j) red[threadIdx.y * seg + threadIdx.x * VEC + j] = sum[j];

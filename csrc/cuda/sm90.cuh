@@ -128,6 +128,16 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
+// Lets the kernel behind this one launch once every block of this grid has called this (or
+// exited), so that its blocks are resident and waiting in grid_dependency_wait() when this grid
+// completes: for a last phase the next launch can overlap (a partial-row sum's, behind the
+// backwards that write its parts). A no-op where grid_dependency_wait() is.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // One per thread, in registers (two); every thread of every block of the cluster constructs it
 // and calls exchange() the same number of times, with its block's total, and close() before it
 // exits. With ranks == 1 (no cluster, or not sm_90+) it does nothing.
