@@ -107,8 +107,11 @@ struct Sum {
   }
 };
 
-// exp of V: Vec2<A> lane by lane, or A. exp_u20 (within 2 ulp; results below the smallest
-// normal flush to 0) is for arguments known to be in [-inf, 0]; exp for any argument.
+// exp of V: Vec2<A> lane by lane, or A. exp_u20 (inlined, where exp calls out to Sleef: within 2
+// ulp, 5 ulp for results near the smallest normal, and those below it flush to 0) is for
+// arguments known to be in [-inf, 0]; exp_u20_nan also for arguments expected there that may be
+// NaN (exp_u20 alone turns NaN into inf; +inf and overflow give inf either way); exp for any
+// argument.
 template <typename V, typename F>
 inline V lanes(const V& v, const F& f) {
   if constexpr (std::is_arithmetic_v<V>) {
@@ -129,6 +132,13 @@ inline V exp(const V& v) {
 template <typename V>
 inline V exp_u20(const V& v) {
   return lanes(v, [](const auto& x) { return x.exp_u20(); });
+}
+template <typename V>
+inline V exp_u20_nan(const V& v) {
+  return lanes(v, [](const auto& x) {
+    using X = std::decay_t<decltype(x)>;
+    return X::blendv(x.exp_u20(), x, x.isnan());
+  });
 }
 
 // A maximum fed by vector and scalar steps; NaN propagates (at::vec::maximum does, and so does
