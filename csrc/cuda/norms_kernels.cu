@@ -607,7 +607,9 @@ struct PartialRows {
 // Two blocks per SM: of 512 threads (<= 64 registers per thread) for 16-element teams, of 384
 // (<= 80) for 24-element warp teams; one for the 32-element teams, whose dweight and dbias sums
 // take 128 KB of shared memory anyway.
-constexpr int bwd_min_blocks(int packs, int vec) { return packs * vec < kBwdLongElems ? 2 : 1; }
+__host__ __device__ constexpr int bwd_min_blocks(int packs, int vec) {
+  return packs * vec < kBwdLongElems ? 2 : 1;
+}
 constexpr int bwd_threads(int packs, int vec) {
   return packs * vec == kBwdMidElems ? 384 : kBwdMaxThreads;
 }
