@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads)
   bias_gelu_bwd_rows<T, VEC, kApprox, false>(dy, x, bias, dx, dbias, partial, ld, rows, cols);
 }
 
-// A bias gradient alone (fused_mlp's db1 after its DGELU GEMM, db2 where no epilogue sums it):
+// A bias gradient alone (fused_mlp's db2 where no epilogue sums it):
 // the column sums of dy.
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads)

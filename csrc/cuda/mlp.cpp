@@ -2,13 +2,15 @@
 //   forward  tanh:  fc1 = GEMM + bias + GELU (GELU_AUX_BIAS, pre-activation as aux output)
 //            exact: fc1 = GEMM + bias (BIAS) into pre, then the erf GELU kernel (cuBLASLt's
 //                   GELU is the tanh form; no silent switch); fc2 = GEMM + bias (BIAS)
-//   backward dW2 + db2 (BGRADB); tanh with out >= 512: dpre = GEMM with the DGELU epilogue, db1
-//            the column-sum kernel over dpre; else: GEMM then the bias_gelu backward kernel
-//            (dpre and a deterministic db1); dW1 and dx plain GEMMs. (DGELU_BGRAD, which also
-//            sums db1 in the epilogue, made the whole training step 13-24% slower on an H200 at
-//            T = 8192, D = 768-4096; BGRADB on dW1 cost more than the column sum on an H100,
-//            0.719 -> 0.690 ms a step at D = 1024: neither is used. On dW2, whose bias gradient
-//            sums the narrower dy, BGRADB and the column sum ran alike.)
+//   backward dW2 + db2 (BGRADB); dact = plain GEMM, then the bias_gelu backward kernel in place
+//            (dpre and a deterministic db1); dW1 and dx plain GEMMs. Not used: cuBLASLt's DGELU
+//            epilogue for dpre. Its sm90 kernel (a 128x128 tile on one warpgroup) and the column
+//            sum db1 then needs took 90 + 23 us at T = 8192, D = 768 and 134 + 30 at D = 1024
+//            (H200, bf16), against 51 + 40 and 101 + 53 for the plain GEMM and this kernel: the
+//            tanh training step's kernels 425 -> 397 and 701 -> 680 us without it. DGELU_BGRAD,
+//            which also sums db1, made the whole step 13-24% slower; BGRADB on dW1 cost more than
+//            the column sum. On dW2, whose bias gradient sums the narrower dy, BGRADB and the
+//            column sum ran alike.
 // Torch tensors are row-major, cuBLASLt column-major: y = x @ w.T is computed as y.T = w @ x.T.
 // Weights are read in place as nn.Linear's row-major [out, in] or as the column-major .t() view of
 // a weight stored [in, out] (GPT-2's Conv1D): either way no copy per call.
@@ -52,17 +54,6 @@ bool gelu_epilogue_ok(const MlpProblem& p, const at::Tensor& x) {
   return p.approx == GeluApprox::kTanh && x.scalar_type() != at::kFloat;
 }
 
-// The backward's DGELU epilogue (dpre = (dy @ w2) * gelu'(pre) in the GEMM) only where that GEMM's
-// k, the out features, is large enough for the GEMM to hide it. Against a plain GEMM and the
-// bias_gelu backward kernel (which also sums db1), a bf16 tanh training step on an H200, ms:
-// 2^20 rows, in-hidden-out 16-64-16 0.683 against 0.508, 64-256-64 1.905 / 1.761, 128-512-128
-// 3.86 / 3.58; T = 8192, out 768 0.442 / 0.436, 1024 0.682 / 0.690, 4096 10.17 / 10.23.
-constexpr int64_t kDgeluMinOut = 512;
-
-bool dgelu_epilogue_ok(const MlpProblem& p, const at::Tensor& x) {
-  return gelu_epilogue_ok(p, x) && p.out >= kDgeluMinOut;
-}
-
 // Whether a weight gradient [m, n] summed over k rows should also sum the bias gradient in its
 // BGRADB epilogue. That epilogue keeps cuBLASLt from splitting k, so a weight too small to fill
 // the GPU on its own tiles runs on a handful of blocks: on an H200 at 2^20 rows, a training step
@@ -102,7 +93,7 @@ at::Tensor gemm_layout(const at::Tensor& w) {
 // d [M, N] = op(a) @ op(b) in row-major terms; a and b of d's dtype, or fp16/bf16 into an fp32 d.
 // Epilogue operands:
 //   bias: BIAS reads it, BGRADB writes it; [N] (BGRADB: [M])
-//   aux:  GELU_AUX* writes the pre-activation, DGELU* reads it; [M, N] row-major (ld N)
+//   aux:  GELU_AUX* writes the pre-activation; [M, N] row-major (ld N)
 struct LtGemm {
   Operand a;
   Operand b;
@@ -176,17 +167,17 @@ using Preference = LtObject<cublasLtMatmulPreference_t, cublasLtMatmulPreference
 // hidden 4D, random inputs, µs per GEMM in runs of 30 (three rounds, fastest to slowest): at D =
 // 768, fc1 with GELU_BIAS 67.2-68.9 for the first choice, 60.7-63.5 for the eighth; with
 // GELU_AUX_BIAS 81.8-82.9 against the fifth's 75.7-75.9; at D = 1024 fc1 (BIAS, GELU_BIAS,
-// GELU_AUX_BIAS) and the dact and DGELU GEMMs 5-9% faster by another candidate. Runs of two ranked
-// them differently (launch ramp-up), so each candidate is timed in runs of about kTuneRunMs. A
-// GEMM shape is tuned once per process, as cudnn.benchmark does: its candidates run in turn for
-// kTuneRounds rounds, and the fastest replaces the first choice only where its slowest round took
-// at most kTuneMargin of the first choice's fastest (noise keeps the heuristic's choice). GEMMs
-// longer than kTuneMaxMs are not tuned: at D = 4096 (1.5-1.8 ms each) one candidate's rounds
-// spread by 3-10% (the GPU's power limit), and tuned choices made the benchmark's inference slower
-// (exact GELU 3.19-3.26 -> 3.40-3.62 ms). Under CUDA graph capture nothing is timed: a shape tuned
-// before runs its tuned choice, another the first. With torch.use_deterministic_algorithms(True)
-// or FUSEDOPS_GEMM_TUNING=0, always the heuristic's first choice: the same algorithm, hence the
-// same bits, in every process.
+// GELU_AUX_BIAS) and the dact GEMM (and DGELU's, no longer used) 5-9% faster by another candidate.
+// Runs of two ranked them differently (launch ramp-up), so each candidate is timed in runs of about
+// kTuneRunMs. A GEMM shape is tuned once per process, as cudnn.benchmark does: its candidates run
+// in turn for kTuneRounds rounds, and the fastest replaces the first choice only where its slowest
+// round took at most kTuneMargin of the first choice's fastest (noise keeps the heuristic's
+// choice). GEMMs longer than kTuneMaxMs are not tuned: at D = 4096 (1.5-1.8 ms each) one
+// candidate's rounds spread by 3-10% (the GPU's power limit), and tuned choices made the
+// benchmark's inference slower (exact GELU 3.19-3.26 -> 3.40-3.62 ms). Under CUDA graph capture
+// nothing is timed: a shape tuned before runs its tuned choice, another the first. With
+// torch.use_deterministic_algorithms(True) or FUSEDOPS_GEMM_TUNING=0, always the heuristic's first
+// choice: the same algorithm, hence the same bits, in every process.
 constexpr int kTuneCandidates = 8;
 constexpr int kTuneRounds = 3;
 constexpr float kTuneRunMs = 1.f;  // per candidate and round: runs of at least 2, at most 20
@@ -550,21 +541,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
   // dpre first, freed at the end of its block, before dW2 and a recomputed act are allocated:
   // the saved pre and act live until this returns, so the peak is what lives beside them.
   if (mask[0] || mask[1] || mask[2]) {
-    at::Tensor dpre, db1;
-    bool fused = false;
-    if (dgelu_epilogue_ok(p, x)) {
-      // dpre = (dy @ w2) * gelu_tanh'(pre) in the GEMM's epilogue.
-      dpre = at::empty({p.rows, p.hidden}, opts);
-      fused = lt_gemm({operand(dy2, false), operand(w2c, false), dpre, CUBLASLT_EPILOGUE_DGELU,
-                       nullptr, pre2.const_data_ptr()});
-    }
-    if (!fused) {
-      at::Tensor dact = at::empty({p.rows, p.hidden}, opts);
-      gemm_into(dact, dy2, false, w2c, false);
-      std::tie(dpre, db1) =
-          bias_gelu_rows_bwd_cuda(dact, pre2, at::Tensor(), p.approx, mask[2], true);
-    }
-    if (fused && mask[2]) db1 = column_sum_rows_cuda(dpre);  // the DGELU GEMM leaves db1 to sum
+    // dpre = (dy @ w2) * gelu'(pre), written over dact, and db1 from the same kernel.
+    at::Tensor dact = at::empty({p.rows, p.hidden}, opts);
+    gemm_into(dact, dy2, false, w2c, false);
+    auto [dpre, db1] = bias_gelu_rows_bwd_cuda(dact, pre2, at::Tensor(), p.approx, mask[2], true);
     if (mask[1]) g[1] = weight_grad(w1, dpre, true, x2, false);
     if (mask[0]) {
       g[0] = at::empty({p.rows, p.in}, opts);
