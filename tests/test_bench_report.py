@@ -206,3 +206,26 @@ def test_cuda_cells_are_timed_kernel_only_backward_too(monkeypatch):
             assert p not in cell["errors"] and f"{p} graph" not in cell["errors"], cell["errors"]
             assert cell["device_us"][p] > 0, (cell["op"], p)
             assert cell["device_pct_copy"][p] > 0, (cell["op"], p)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_mlp_steps_are_timed_kernel_only():
+    # bench_mlp's training step (forward, autograd.grad) is captured in a CUDA graph per round,
+    # for every provider, beside its host-timed rounds.
+    result = bench_mlp.run(
+        dims=[64],
+        tokens=256,
+        modes=["infer", "train"],
+        quick=True,
+        with_compile=False,
+        log=None,
+        device="cuda",
+        rounds=2,
+    )
+    for cell in result["cells"]:
+        assert not cell["errors"], cell["errors"]
+        for p, ms in cell["graph_ms"].items():
+            assert len(cell["graph_ms_rounds"][p]) == 2 and ms > 0, (cell["mode"], p)
+            assert cell["graph_speedup"][p] > 0, (cell["mode"], p)
+    assert "graph ms" in bench_mlp.table(result)

@@ -447,6 +447,11 @@ def measure(t: Timed, device: torch.device, quick: bool = False, warmup_s: float
         return _per_call(step, batch, reps, device)
 
 
+# Replays per timed batch of measure_device: ~200 calls, but at most this long (200 calls of the
+# row benchmark's largest cell take ~50 ms on an H100; an MLP training step can take 10 ms).
+GRAPH_BATCH_S = 0.1
+
+
 def measure_device(t: Timed, quick: bool = False) -> float:
     """Median GPU seconds per call with the host out of the way: one CUDA graph holds a call per
     rotated input set and is replayed. This is what the kernels alone achieve; measure() is what
@@ -466,6 +471,7 @@ def measure_device(t: Timed, quick: bool = False) -> float:
             outputs = [t.call(*args) for args in t.sets]  # noqa: F841  (kept alive: distinct)
     graph.replay()
     replays = max(1, math.ceil(200 / len(t.sets)))
+    replays = min(replays, max(1, math.ceil(GRAPH_BATCH_S / _per_call(graph.replay, 1, 1, cuda))))
     return _per_call(graph.replay, replays, reps, cuda) / len(t.sets)
 
 

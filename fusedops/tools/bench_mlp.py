@@ -16,7 +16,11 @@ median; every provider of a cell runs on the same inputs, and they take turns, -
 (default 3): the median round is reported beside the fastest and slowest. Per cell: ms, TFLOP/s
 (forward 2 * 2*T*D*H FLOPs, a training step 3x that), speedup vs eager, peak memory of one step
 above what was allocated before it, and the first call's seconds (for the compiled providers:
-the compile). Then, on CUDA, the kernels one step launches (counted with torch.profiler) for
+the compile). On CUDA each provider's step is also timed kernel-only, a CUDA graph of its calls
+replayed in the same turns (graph ms and its speedup over eager's graph): the GPU's side of the
+step without the Python, autograd and launch cost, which on a slow host can decide a training
+step of D = 768 (eager's host-timed rounds moved 0.50-0.81 ms there on one H200, its kernels
+0.45). Then, on CUDA, the kernels one step launches (counted with torch.profiler) for
 eager and fusedops at D = 1024. Results: <out>/<device>-fused_mlp.json,
 rewritten after every cell so a run cut short keeps what it measured; <out> is ./fusedops-bench
 (untracked) unless given (the committed results: --out bench/results).
@@ -197,7 +201,8 @@ def run(
     None: as with_compile. rounds: each provider's timing is repeated that many times, the
     providers taking turns; ms is the median, ms_rounds every round's. Per cell and provider: ms,
     ms_rounds, tflops, speedup (vs eager), peak_mib and first_s, None where the provider failed
-    (the reason under errors); CPU: ms and speedup only.
+    (the reason under errors); on CUDA also graph_ms, graph_ms_rounds and graph_speedup, the
+    kernel-only timing (errors["<provider> graph"] where it failed); CPU: ms and speedup only.
     """
     log = log or (lambda s: None)
     device = bench.pick_device(device)
@@ -233,6 +238,8 @@ def run(
         cell = {"mode": mode, "approximate": a, "d": d, "hidden": 4 * d, "tokens": tokens}
         cell.update(flops=flops(mode, tokens, d), ms={}, ms_rounds={}, tflops={}, speedup={})
         cell.update(peak_mib={}, first_s={}, errors={})
+        if cuda:
+            cell.update(graph_ms={}, graph_ms_rounds={}, graph_speedup={})
         label = f"[{i}/{len(todo)}] {mode} {a} D={d}"
         sets = input_sets(mode, tokens, d, dt, device)  # the same inputs for every provider
         timed = {}
@@ -241,6 +248,8 @@ def run(
                 slow = " (autotuning: minutes)" if p == "max-autotune" else ""
                 log(f"{label}: {p} compiling{slow}")
             cell["ms_rounds"][p], cell["first_s"][p] = [], None
+            if cuda:
+                cell["graph_ms_rounds"][p] = []
             try:
                 timed[p] = prepare(p, mode, a, tokens, d, dt, device, sets)
                 cell["first_s"][p] = first_call(timed[p], device)
@@ -255,6 +264,12 @@ def run(
                 except Exception as e:
                     cell["errors"][p] = bench._error(e)
                     del timed[p]
+                    continue
+                if cuda and f"{p} graph" not in cell["errors"]:
+                    try:
+                        cell["graph_ms_rounds"][p].append(bench.measure_device(t, quick) * 1e3)
+                    except Exception as e:
+                        cell["errors"][f"{p} graph"] = bench._error(e)
         for p in cell["ms_rounds"]:
             ms = statistics.median(cell["ms_rounds"][p]) if p in timed else None
             peak = peak_memory(timed[p]) / 2**20 if cuda and p in timed else None
@@ -262,6 +277,11 @@ def run(
             cell["tflops"][p] = cell["flops"] / ms / 1e9 if ms and cuda else None
             eager = cell["ms"]["eager"]  # eager comes first
             cell["speedup"][p] = eager / ms if ms and eager else None
+            if cuda:
+                g = cell["graph_ms_rounds"][p]
+                cell["graph_ms"][p] = statistics.median(g) if p in timed and g else None
+                graph, graph_eager = cell["graph_ms"][p], cell["graph_ms"]["eager"]
+                cell["graph_speedup"][p] = graph_eager / graph if graph and graph_eager else None
             log(f"{label}: {_progress(cell, p)}")
         timed = sets = None  # big shapes: free this cell's inputs before the next one's
         if cuda:
@@ -308,6 +328,10 @@ def _progress(cell: dict, p: str) -> str:
         line += f" {cell['tflops'][p]:.0f} TFLOP/s"
     if cell["speedup"][p]:
         line += f" {cell['speedup'][p]:.2f}x eager"
+    if cell.get("graph_ms", {}).get(p):
+        line += f"; kernel-only {cell['graph_ms'][p]:.3f} ms"
+        if cell["graph_speedup"][p]:
+            line += f" {cell['graph_speedup'][p]:.2f}x"
     if cell["peak_mib"][p] is not None:
         line += f", peak {cell['peak_mib'][p]:.0f} MiB"
     if p in COMPILED:
@@ -319,7 +343,7 @@ def table(result: dict) -> str:
     """One row per (cell, provider), then the kernel counts."""
     cuda = result["device_type"] == "cuda"
     head = ["mode", "approx", "D", "provider", "ms"]
-    head += ["TFLOP/s", "vs eager", "peak MiB"] if cuda else ["vs eager"]
+    head += ["TFLOP/s", "vs eager", "graph ms", "vs eager", "peak MiB"] if cuda else ["vs eager"]
     rows = []
     for c in result["cells"]:
         for p, ms in c["ms"].items():
@@ -329,6 +353,9 @@ def table(result: dict) -> str:
                 row.append(f"{c['tflops'][p]:.0f}" if c["tflops"][p] else "-")
             row.append(f"{c['speedup'][p]:.2f}x" if c["speedup"][p] else "-")
             if cuda:
+                graph, speedup = c.get("graph_ms", {}).get(p), c.get("graph_speedup", {}).get(p)
+                row.append(f"{graph:.3f}" if graph else "-")
+                row.append(f"{speedup:.2f}x" if speedup else "-")
                 row.append(f"{c['peak_mib'][p]:.0f}" if c["peak_mib"][p] is not None else "-")
             rows.append(row)
     title = f"{result['device']}, torch {result['torch']}, {result['dtype']}, T={result['tokens']}"
