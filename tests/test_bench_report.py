@@ -229,3 +229,23 @@ def test_cuda_mlp_steps_are_timed_kernel_only():
             assert len(cell["graph_ms_rounds"][p]) == 2 and ms > 0, (cell["mode"], p)
             assert cell["graph_speedup"][p] > 0, (cell["mode"], p)
     assert "graph ms" in bench_mlp.table(result)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_fully_fused_steps_take_turns_and_are_timed_kernel_only():
+    # bench_ffm shares bench_mlp's rounds: every provider timed once per round, host-timed and
+    # kernel-only, the median reported.
+    from fusedops.tools import bench_ffm
+
+    result = bench_ffm.run(
+        widths=[32], rows=[4096], quick=True, with_compile=False, log=lambda s: None, rounds=2
+    )
+    assert [c["mode"] for c in result["cells"]] == ["infer", "train"]
+    for cell in result["cells"]:
+        assert not cell["errors"], cell["errors"]
+        for p in ("eager", "fusedops"):
+            assert len(cell["ms_rounds"][p]) == len(cell["graph_ms_rounds"][p]) == 2
+            assert cell["ms"][p] == pytest.approx(sum(cell["ms_rounds"][p]) / 2)
+            assert cell["graph_speedup"][p] > 0 and cell["peak_mib"][p] >= 0, (cell["mode"], p)
+    assert "graph ms" in bench_ffm.table(result)

@@ -179,6 +179,46 @@ def kernels(t: bench.Timed) -> list[str]:
     ]
 
 
+def time_in_turns(
+    cell: dict, provs: list[str], timed: dict[str, bench.Timed], device, quick: bool, rounds: int
+) -> None:
+    """Time each provider of timed (those of provs that were prepared) `rounds` times, the
+    providers taking turns round after round: a slow spell of the machine falls on all of them
+    rather than on whichever ran then. Into cell, per provider of provs (None where it failed,
+    the reason under cell["errors"]): ms_rounds and ms, their median; tflops (of cell["flops"],
+    CUDA only) and speedup over eager; on CUDA also peak_mib and the kernel-only timing
+    graph_ms_rounds, graph_ms and graph_speedup (errors["<provider> graph"] where it failed)."""
+    cuda = device.type == "cuda"
+    cell.update(ms={}, ms_rounds={p: [] for p in provs}, tflops={}, speedup={}, peak_mib={})
+    if cuda:
+        cell.update(graph_ms={}, graph_ms_rounds={p: [] for p in provs}, graph_speedup={})
+    for _ in range(rounds):
+        for p, t in list(timed.items()):
+            try:
+                cell["ms_rounds"][p].append(bench.measure(t, device, quick) * 1e3)
+            except Exception as e:
+                cell["errors"][p] = bench._error(e)
+                del timed[p]
+                continue
+            if cuda and f"{p} graph" not in cell["errors"]:
+                try:
+                    cell["graph_ms_rounds"][p].append(bench.measure_device(t, quick) * 1e3)
+                except Exception as e:
+                    cell["errors"][f"{p} graph"] = bench._error(e)
+    for p in provs:
+        ms = statistics.median(cell["ms_rounds"][p]) if p in timed else None
+        cell["ms"][p] = ms
+        cell["peak_mib"][p] = peak_memory(timed[p]) / 2**20 if cuda and p in timed else None
+        cell["tflops"][p] = cell["flops"] / ms / 1e9 if ms and cuda else None
+        eager = cell["ms"].get("eager")  # eager comes first
+        cell["speedup"][p] = eager / ms if ms and eager else None
+        if cuda:
+            g = cell["graph_ms_rounds"][p]
+            cell["graph_ms"][p] = statistics.median(g) if p in timed and g else None
+            graph, graph_eager = cell["graph_ms"][p], cell["graph_ms"].get("eager")
+            cell["graph_speedup"][p] = graph_eager / graph if graph and graph_eager else None
+
+
 def run(
     dims=DIMS,
     tokens: int | None = None,
@@ -236,52 +276,24 @@ def run(
     todo = [(d, m, a) for d in dims for m in modes for a in approx]
     for i, (d, mode, a) in enumerate(todo, 1):
         cell = {"mode": mode, "approximate": a, "d": d, "hidden": 4 * d, "tokens": tokens}
-        cell.update(flops=flops(mode, tokens, d), ms={}, ms_rounds={}, tflops={}, speedup={})
-        cell.update(peak_mib={}, first_s={}, errors={})
-        if cuda:
-            cell.update(graph_ms={}, graph_ms_rounds={}, graph_speedup={})
+        cell.update(flops=flops(mode, tokens, d), first_s={}, errors={})
         label = f"[{i}/{len(todo)}] {mode} {a} D={d}"
         sets = input_sets(mode, tokens, d, dt, device)  # the same inputs for every provider
+        provs = providers(mode, with_compile, with_max_autotune)
         timed = {}
-        for p in providers(mode, with_compile, with_max_autotune):
+        for p in provs:
             if p in COMPILED:
                 slow = " (autotuning: minutes)" if p == "max-autotune" else ""
                 log(f"{label}: {p} compiling{slow}")
-            cell["ms_rounds"][p], cell["first_s"][p] = [], None
-            if cuda:
-                cell["graph_ms_rounds"][p] = []
+            cell["first_s"][p] = None
             try:
-                timed[p] = prepare(p, mode, a, tokens, d, dt, device, sets)
-                cell["first_s"][p] = first_call(timed[p], device)
+                t = prepare(p, mode, a, tokens, d, dt, device, sets)
+                cell["first_s"][p] = first_call(t, device)
+                timed[p] = t
             except Exception as e:  # a failed provider is a missing cell, not a failed run
                 cell["errors"][p] = bench._error(e)
-        # The providers take turns, round after round: a slow spell of the machine falls on
-        # all of them rather than on whichever ran then.
-        for _ in range(rounds):
-            for p, t in list(timed.items()):
-                try:
-                    cell["ms_rounds"][p].append(bench.measure(t, device, quick) * 1e3)
-                except Exception as e:
-                    cell["errors"][p] = bench._error(e)
-                    del timed[p]
-                    continue
-                if cuda and f"{p} graph" not in cell["errors"]:
-                    try:
-                        cell["graph_ms_rounds"][p].append(bench.measure_device(t, quick) * 1e3)
-                    except Exception as e:
-                        cell["errors"][f"{p} graph"] = bench._error(e)
-        for p in cell["ms_rounds"]:
-            ms = statistics.median(cell["ms_rounds"][p]) if p in timed else None
-            peak = peak_memory(timed[p]) / 2**20 if cuda and p in timed else None
-            cell["ms"][p], cell["peak_mib"][p] = ms, peak
-            cell["tflops"][p] = cell["flops"] / ms / 1e9 if ms and cuda else None
-            eager = cell["ms"]["eager"]  # eager comes first
-            cell["speedup"][p] = eager / ms if ms and eager else None
-            if cuda:
-                g = cell["graph_ms_rounds"][p]
-                cell["graph_ms"][p] = statistics.median(g) if p in timed and g else None
-                graph, graph_eager = cell["graph_ms"][p], cell["graph_ms"]["eager"]
-                cell["graph_speedup"][p] = graph_eager / graph if graph and graph_eager else None
+        time_in_turns(cell, provs, timed, device, quick, rounds)
+        for p in provs:
             log(f"{label}: {_progress(cell, p)}")
         timed = sets = None  # big shapes: free this cell's inputs before the next one's
         if cuda:
@@ -314,7 +326,7 @@ def count_kernels(mode: str, approximate: str, tokens: int, dtype, device) -> di
     }
 
 
-def _spread(cell: dict, p: str) -> str:
+def spread(cell: dict, p: str) -> str:
     """' (fastest-slowest round)' where a provider was timed more than once."""
     r = cell.get("ms_rounds", {}).get(p) or []
     return f" ({min(r):.3f}-{max(r):.3f})" if len(r) > 1 else ""
@@ -323,7 +335,7 @@ def _spread(cell: dict, p: str) -> str:
 def _progress(cell: dict, p: str) -> str:
     if cell["ms"][p] is None:
         return f"{p} failed ({cell['errors'][p]})"
-    line = f"{p} {cell['ms'][p]:.3f} ms{_spread(cell, p)}"
+    line = f"{p} {cell['ms'][p]:.3f} ms{spread(cell, p)}"
     if cell["tflops"][p]:
         line += f" {cell['tflops'][p]:.0f} TFLOP/s"
     if cell["speedup"][p]:
@@ -348,7 +360,7 @@ def table(result: dict) -> str:
     for c in result["cells"]:
         for p, ms in c["ms"].items():
             row = [c["mode"], c["approximate"], str(c["d"]), p]
-            row.append(f"{ms:.3f}{_spread(c, p)}" if ms else "-")
+            row.append(f"{ms:.3f}{spread(c, p)}" if ms else "-")
             if cuda:
                 row.append(f"{c['tflops'][p]:.0f}" if c["tflops"][p] else "-")
             row.append(f"{c['speedup'][p]:.2f}x" if c["speedup"][p] else "-")
