@@ -28,6 +28,7 @@ import collections
 import contextlib
 import gzip
 import json
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -261,6 +262,11 @@ def profile(
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
+    else:
+        # torch's profiler backend logs every session's start and stop and, in a CUDA build on a
+        # machine without a GPU, a failed GPU query: noise in a CPU profile's output (a user's
+        # own KINETO_LOG_LEVEL wins; read once, at the process's first profile).
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     rounds = range(warmup + steps)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     it = iter(progress(rounds, desc) if progress else rounds)
