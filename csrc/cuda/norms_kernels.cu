@@ -426,6 +426,15 @@ struct NormFwdStaged {
   // 4096x1024 (1024 blocks of four 4 KB rows, 256 threads each instead of 128) fell 87.0 -> 82.2.
   static constexpr int kBytesPerThread = kRms && sizeof(T) == 4 ? 128 : 64;
   static constexpr int kGroupBytes = kRms ? 16 << 10 : 8 << 10;
+  // Where DRAM is faster per SM (row_stage::fast_dram), 16-bit rows take 128 bytes per thread
+  // and blocks of up to 16 KB: at 64 bytes, 2048 threads per SM hold at most 128 KB in flight.
+  // H200, kernel-only % of copy, bf16, H100 sizes -> these (-> 128 bytes in 32 KB blocks):
+  // layer_norm 16384x4096 76.9 -> 88.4 (81.7), 8192x8192 73.7 -> 84.9 (85.2), 32768x2048 75.4 ->
+  // 87.4 (84.4); rms_norm 86.1-86.8 -> 89.7-89.9 at the same shapes (89.6-90.0); 65536x1024 and
+  // rows split over clusters level. fp32 keeps its sizes (layer_norm 16384x4096 94.0, 88.8 at
+  // these). bench/results/h200-row-plans-fast-dram.txt.
+  static constexpr int kFastDramBytesPerThread = sizeof(T) == 2 ? 128 : 0;
+  static constexpr int kFastDramGroupBytes = sizeof(T) == 2 ? 16 << 10 : 0;
   // fp32 rows: three 512-thread blocks per SM, as before the staged params' second write path
   // took 48 registers (H100, fp32 layer_norm, % of copy: 4096x32768 96.9 at three blocks, 92.8
   // at two; bf16 capped for three spilled: 90 -> 78).
@@ -873,7 +882,10 @@ constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
 // fp16 kernels alone within 3% of two blocks' time: the third block costs in back-to-back calls.
 // A grid of two blocks per SM with three fitting lost where clusters are of 8 or 16 blocks (fp16
 // rms_norm 4096x32768 88 -> 85, fp32 layer_norm 94 -> 83): clusters then crowd some SMs.
-constexpr int kBwdStagedBlocksPerSm = 2;
+// Where DRAM is faster per SM (row_stage::fast_dram), three: H200, kernel-only % of copy, fp32
+// layer_norm / rms_norm 8192x8192 84.5 / 88.8 -> 96.1 / 96.4, 4096x32768 67.4 / 70.0 -> 83.2 /
+// 88.0, 16384x4096 89.9 / 93.9 -> 93.5 / 89.2; 16-bit kernels' registers hold two anyway.
+constexpr int kBwdStagedBlocksPerSm = 2, kBwdStagedBlocksPerSmFastDram = 3;
 template <int kPacks>
 constexpr int staged_bwd_min_blocks() {
   return kPacks == kBwdStagedPacks ? kBwdStagedBlocksPerSm : 1;
@@ -1368,8 +1380,10 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
   }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
   size_t smem = size_t(staged_bwd_stages(s.packs)) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
-  if (s.packs == kPacks) {  // no more than kBwdStagedBlocksPerSm blocks per SM
-    smem = std::max(smem, size_t(info.smem_per_sm / (kBwdStagedBlocksPerSm + 1)));
+  if (s.packs == kPacks) {  // no more than this many blocks per SM
+    const int blocks =
+        row_stage::fast_dram(info) ? kBwdStagedBlocksPerSmFastDram : kBwdStagedBlocksPerSm;
+    smem = std::max(smem, size_t(info.smem_per_sm / (blocks + 1)));
   }
   return {kernel, {0, s.threads, smem, s.ranks}, s.threads, false, 0};
 }

@@ -63,6 +63,14 @@ constexpr int kGroupBytes = 32 << 10;  // a Policy may set its own (Defaults::kG
 constexpr int kMinThreads = 128;
 constexpr int kRegsPerSm = 64 << 10;  // every sm_90+ GPU
 constexpr int kMinBlocksPerSm = 4;
+// GB/s of DRAM bandwidth per SM from which a plan keeps more bytes in flight per SM (a Policy's
+// kFastDram sizes): 25 on an H100 SXM, 37 on an H200, whose faster DRAM the H100's sizes left
+// waiting on the SMs.
+constexpr int kFastDramGbpsPerSm = 30;
+
+inline bool fast_dram(const DeviceInfo& dev) {
+  return dram_gbps() >= kFastDramGbpsPerSm * dev.sm_count;
+}
 
 // Where a thread's part of a row is. A thread past the last row has packs == 0: its passes
 // read and write nothing, but it still joins the reductions.
@@ -82,6 +90,8 @@ struct Defaults {
   static constexpr int kMinBlocksPerSm = 2;  // 512-thread blocks: at most 64 registers
   static constexpr int kMinRowBytes = 2 << 10;
   static constexpr int kGroupBytes = row_stage::kGroupBytes;  // rows of a block, at most
+  // kBytesPerThread and kGroupBytes where fast_dram() (0: the same).
+  static constexpr int kFastDramBytesPerThread = 0, kFastDramGroupBytes = 0;
   using Param = T;
   static constexpr int kParams = 0;
   static constexpr bool kParamsInClusters = false;  // params staged beside cluster slices (plan())
@@ -224,15 +234,15 @@ __global__ void __launch_bounds__(kMaxThreads, Policy::kMinBlocksPerSm)
 // ------------------------------------------------------------------ host: plan and launch
 
 // Sizes count the bytes staged per row: kInputs rows of cols elements. Blocks of one row, or of
-// several short rows, of up to Policy::kGroupBytes; rows longer than kSliceBytes split over a
-// cluster of up to max_ranks blocks, whose slices grow past kSliceBytes, up to what shared memory
-// holds, only when max_ranks can't keep them within it (beyond that, the caller's other kernels
-// run). A team of threads per row, one thread per Policy::kBytesPerThread of it. Measured on an
-// H100, fp32 512x262144 forward, % of copy: against the looping kernels (softmax 44, layer_norm 52,
-// rms_norm 55), 8 slices of 128 KB ran 75 / 47 / - with a cluster barrier per exchange, 92 / 68
-// / 75 with the mailbox exchange, and 16 slices of 64 KB (three blocks per SM where 128 KB
-// slices leave one) 97 / 80 / 87.
-// regs(): the kernel's registers per thread (0: unknown), asked only for a cluster.
+// several short rows, of up to Policy::kGroupBytes (kFastDramGroupBytes); rows longer than
+// kSliceBytes split over a cluster of up to max_ranks blocks, whose slices grow past kSliceBytes,
+// up to what shared memory holds, only when max_ranks can't keep them within it (beyond that, the
+// caller's other kernels run). A team of threads per row, one thread per Policy::kBytesPerThread
+// (kFastDram...) of it. Measured on an H100, fp32 512x262144 forward, % of copy: against the
+// looping kernels (softmax 44, layer_norm 52, rms_norm 55), 8 slices of 128 KB ran 75 / 47 / - with
+// a cluster barrier per exchange, 92 / 68 / 75 with the mailbox exchange, and 16 slices of 64 KB
+// (three blocks per SM where 128 KB slices leave one) 97 / 80 / 87. regs(): the kernel's registers
+// per thread (0: unknown), asked only for a cluster.
 template <typename Policy, typename Regs>
 Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& dev, int params,
           Regs&& regs) {
@@ -243,6 +253,12 @@ Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& 
       rows * row_bytes < int64_t(kShortRowWaves) * kMinBlocksPerSm * dev.sm_count * kGroupBytes) {
     return none;
   }
+  const bool fast = fast_dram(dev);
+  const int bytes_per_thread = fast && Policy::kFastDramBytesPerThread > 0
+                                   ? Policy::kFastDramBytesPerThread
+                                   : Policy::kBytesPerThread;
+  const int group_bytes =
+      fast && Policy::kFastDramGroupBytes > 0 ? Policy::kFastDramGroupBytes : Policy::kGroupBytes;
   const int64_t staged_bytes = row_bytes * Policy::kInputs;
   int ranks = 1;
   while (staged_bytes / ranks > kSliceBytes && ranks < max_ranks) ranks *= 2;
@@ -269,8 +285,7 @@ Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& 
   }
   const int64_t slice_bytes = staged_bytes / ranks;
   int teams = 1;
-  while (ranks == 1 && teams * 2 * slice_bytes <= Policy::kGroupBytes &&
-         teams * 2 <= kMaxThreads / 32 &&
+  while (ranks == 1 && teams * 2 * slice_bytes <= group_bytes && teams * 2 <= kMaxThreads / 32 &&
          rows / (teams * 2) >= int64_t(kMinBlocksPerSm) * dev.sm_count) {
     teams *= 2;
   }
@@ -284,8 +299,7 @@ Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& 
     param_bytes = all_param_bytes;
   }
   int per_team = 32;  // threads per row (slice): a power of two
-  while (per_team * 2 * Policy::kBytesPerThread <= slice_bytes &&
-         teams * per_team * 2 <= kMaxThreads) {
+  while (per_team * 2 * bytes_per_thread <= slice_bytes && teams * per_team * 2 <= kMaxThreads) {
     per_team *= 2;
   }
   while (teams * per_team < kMinThreads) per_team *= 2;
