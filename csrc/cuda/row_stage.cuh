@@ -63,9 +63,9 @@ constexpr int kGroupBytes = 32 << 10;  // a Policy may set its own (Defaults::kG
 constexpr int kMinThreads = 128;
 constexpr int kRegsPerSm = 64 << 10;  // every sm_90+ GPU
 constexpr int kMinBlocksPerSm = 4;
-// GB/s of DRAM bandwidth per SM from which a plan keeps more bytes in flight per SM (a Policy's
-// kFastDram sizes): 25 on an H100 SXM, 37 on an H200, whose faster DRAM the H100's sizes left
-// waiting on the SMs.
+// GB/s of DRAM bandwidth per SM (dram_gbps) from which a plan keeps more bytes in flight per SM
+// (a Policy's kFastDram sizes): an H100 SXM has 25, an H200 36, whose faster DRAM the sizes
+// measured on the H100 left waiting on the SMs.
 constexpr int kFastDramGbpsPerSm = 30;
 
 inline bool fast_dram(const DeviceInfo& dev) {
@@ -234,15 +234,16 @@ __global__ void __launch_bounds__(kMaxThreads, Policy::kMinBlocksPerSm)
 // ------------------------------------------------------------------ host: plan and launch
 
 // Sizes count the bytes staged per row: kInputs rows of cols elements. Blocks of one row, or of
-// several short rows, of up to Policy::kGroupBytes (kFastDramGroupBytes); rows longer than
-// kSliceBytes split over a cluster of up to max_ranks blocks, whose slices grow past kSliceBytes,
-// up to what shared memory holds, only when max_ranks can't keep them within it (beyond that, the
-// caller's other kernels run). A team of threads per row, one thread per Policy::kBytesPerThread
-// (kFastDram...) of it. Measured on an H100, fp32 512x262144 forward, % of copy: against the
-// looping kernels (softmax 44, layer_norm 52, rms_norm 55), 8 slices of 128 KB ran 75 / 47 / - with
-// a cluster barrier per exchange, 92 / 68 / 75 with the mailbox exchange, and 16 slices of 64 KB
-// (three blocks per SM where 128 KB slices leave one) 97 / 80 / 87. regs(): the kernel's registers
-// per thread (0: unknown), asked only for a cluster.
+// several short rows, of up to Policy::kGroupBytes; rows longer than kSliceBytes split over a
+// cluster of up to max_ranks blocks, whose slices grow past kSliceBytes, up to what shared memory
+// holds, only when max_ranks can't keep them within it (beyond that, the caller's other kernels
+// run). A team of threads per row, one thread per Policy::kBytesPerThread of it. (Where
+// fast_dram(), a Policy's kFastDram sizes replace the two.) Measured on an H100, fp32 512x262144
+// forward, % of copy: against the looping kernels (softmax 44, layer_norm 52, rms_norm 55), 8
+// slices of 128 KB ran 75 / 47 / - with a cluster barrier per exchange, 92 / 68 / 75 with the
+// mailbox exchange, and 16 slices of 64 KB (three blocks per SM where 128 KB slices leave one) 97
+// / 80 / 87.
+// regs(): the kernel's registers per thread (0: unknown), asked only for a cluster.
 template <typename Policy, typename Regs>
 Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& dev, int params,
           Regs&& regs) {
