@@ -2,10 +2,7 @@
 choice, the untracked default output, the host cost table; and, on tiny CPU cells, the flow of a
 run and the bookkeeping of --rounds (bench and bench_mlp)."""
 
-import json
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -162,45 +159,6 @@ def test_run_logs_an_estimate_and_progress(monkeypatch):
     assert [c["rows"] for c in result["cells"]] == [8, 16]
     assert all(c["gbps"]["fusedops"] > 0 for c in result["cells"])
     assert "host" not in result
-
-
-def test_an_interrupted_run_keeps_its_timed_cells(monkeypatch):
-    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 20)
-
-    def log(line):
-        if line.startswith("[1/"):
-            raise KeyboardInterrupt  # as Ctrl-C would, once the first cell is timed
-
-    result = bench.run(
-        ["softmax_fwd"],
-        ["fp32"],
-        [(8, 64), (16, 64)],
-        quick=True,
-        with_compile=False,
-        log=log,
-        device="cpu",
-    )
-    assert [c["rows"] for c in result["cells"]] == [8]
-    assert result["cells_planned"] == 2
-    assert "host" not in result  # the host table is skipped too
-
-
-def test_a_terminated_benchmark_writes_the_cells_it_timed(tmp_path):
-    # `timeout` sends SIGTERM: the command line reports and writes what it has, as on Ctrl-C.
-    cmd = [sys.executable, "-m", "fusedops.bench", "--device", "cpu", "--ops", "softmax_fwd"]
-    cmd += ["--dtypes", "fp32", "--shapes", ",".join(["64x256"] * 50), "--quick"]
-    cmd += ["--no-compile", "--no-host", "--no-plot", "--out", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    for line in proc.stdout:
-        if line.startswith("[1/50 "):
-            proc.send_signal(signal.SIGTERM)
-            break
-    out = proc.stdout.read()
-    assert proc.wait(timeout=60) == 0
-    assert "interrupted: " in out and "of 50 cells timed" in out
-    (written,) = tmp_path.glob("*.json")
-    result = json.loads(written.read_text())
-    assert result["cells_planned"] == 50 and 1 <= len(result["cells"]) < 50
 
 
 def test_rounds_take_turns_and_report_the_median(monkeypatch):

@@ -47,7 +47,6 @@ import json
 import math
 import platform
 import re
-import signal
 import statistics
 import sys
 import time
@@ -669,61 +668,6 @@ def _duration(seconds: float) -> str:
     return f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def _time_cell(spec, pass_, dt, rows, n, device, copy, quick, with_compile, rounds) -> dict:
-    """One cell of run(): each of its providers timed (in turn over the rounds)."""
-    nbytes = min_bytes(spec, pass_, rows, n, DTYPES[dt])
-    cell = {"op": f"{spec.name}_{pass_}", "dtype": dt, "rows": rows, "n": n, "bytes": nbytes}
-    cell.update(median_us={}, gbps={}, pct_copy={}, errors={})
-    # CUDA cells also get the kernel-only time (CUDA graph replay): at small shapes, and for
-    # backwards up to a few hundred MB, the host-inclusive time is Python, autograd and
-    # launch overhead, not the kernels.
-    graphed = device.type == "cuda"
-    if graphed:
-        cell.update(device_us={}, device_pct_copy={})
-    us_rounds = {p: [] for p in providers(spec, pass_, device, with_compile)}
-    dev_rounds = {p: [] for p in us_rounds}
-    kept = {}  # with several rounds, each provider's inputs, prepared once
-    for _ in range(rounds):
-        for p in us_rounds:
-            if p in cell["errors"]:
-                continue
-            timed = None
-            try:
-                timed = kept.get(p) or prepare(spec, pass_, p, rows, n, DTYPES[dt], device)
-                if rounds > 1:
-                    kept[p] = timed
-                warmup_s = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
-                us_rounds[p].append(measure(timed, device, quick, warmup_s) * 1e6)
-            except Exception as e:  # a failed provider is a missing cell, not a failed run
-                cell["errors"][p] = _error(e)
-                kept.pop(p, None)
-                timed = None
-            if graphed and timed is not None and f"{p} graph" not in cell["errors"]:
-                try:
-                    dev_rounds[p].append(measure_device(timed, quick) * 1e6)
-                except Exception as e:  # the host-timed cell stands without it
-                    cell["errors"][f"{p} graph"] = _error(e)
-            timed = None
-            if device.type == "cuda" and not kept:
-                torch.cuda.empty_cache()  # big shapes: let the next provider have the memory
-    kept = None
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    for p, samples in us_rounds.items():
-        ok = p not in cell["errors"]
-        us = statistics.median(samples) if ok else None
-        gbps = nbytes / us / 1e3 if us else None
-        cell["median_us"][p], cell["gbps"][p] = us, gbps
-        cell["pct_copy"][p] = 100 * gbps / copy if gbps else None
-        if rounds > 1:
-            cell.setdefault("rounds_us", {})[p] = samples if ok else None
-        if graphed:
-            dev_us = statistics.median(dev_rounds[p]) if ok and dev_rounds[p] else None
-            cell["device_us"][p] = dev_us
-            cell["device_pct_copy"][p] = 100 * nbytes / dev_us / 1e3 / copy if dev_us else None
-    return cell
-
-
 def run(
     ops=DEFAULT_OPS,
     dtypes=DEFAULT_DTYPES,
@@ -763,17 +707,62 @@ def run(
         )
     done = []
     start = time.perf_counter()
-    try:  # Ctrl-C, or a SIGTERM under main(), stops the run: the cells timed so far are kept
-        for i, (spec, pass_, dt, (rows, n)) in enumerate(todo, 1):
-            cell = _time_cell(spec, pass_, dt, rows, n, device, copy, quick, with_compile, rounds)
-            done.append(cell)
-            elapsed = time.perf_counter() - start
-            left = elapsed * sum(predicted[i:]) / sum(predicted[:i])
-            eta = f"{_duration(elapsed)}, ~{_duration(left)} left"
-            log(f"[{i}/{len(todo)} {eta}] {_progress(cell, device.type)}")
-    except KeyboardInterrupt:
-        log(f"interrupted: {len(done)} of {len(todo)} cells timed; reporting those")
-        with_host = False
+    for i, (spec, pass_, dt, (rows, n)) in enumerate(todo, 1):
+        nbytes = min_bytes(spec, pass_, rows, n, DTYPES[dt])
+        cell = {"op": f"{spec.name}_{pass_}", "dtype": dt, "rows": rows, "n": n, "bytes": nbytes}
+        cell.update(median_us={}, gbps={}, pct_copy={}, errors={})
+        # CUDA cells also get the kernel-only time (CUDA graph replay): at small shapes, and for
+        # backwards up to a few hundred MB, the host-inclusive time is Python, autograd and
+        # launch overhead, not the kernels.
+        graphed = device.type == "cuda"
+        if graphed:
+            cell.update(device_us={}, device_pct_copy={})
+        us_rounds = {p: [] for p in providers(spec, pass_, device, with_compile)}
+        dev_rounds = {p: [] for p in us_rounds}
+        kept = {}  # with several rounds, each provider's inputs, prepared once
+        for _ in range(rounds):
+            for p in us_rounds:
+                if p in cell["errors"]:
+                    continue
+                timed = None
+                try:
+                    timed = kept.get(p) or prepare(spec, pass_, p, rows, n, DTYPES[dt], device)
+                    if rounds > 1:
+                        kept[p] = timed
+                    warmup_s = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
+                    us_rounds[p].append(measure(timed, device, quick, warmup_s) * 1e6)
+                except Exception as e:  # a failed provider is a missing cell, not a failed run
+                    cell["errors"][p] = _error(e)
+                    kept.pop(p, None)
+                    timed = None
+                if graphed and timed is not None and f"{p} graph" not in cell["errors"]:
+                    try:
+                        dev_rounds[p].append(measure_device(timed, quick) * 1e6)
+                    except Exception as e:  # the host-timed cell stands without it
+                        cell["errors"][f"{p} graph"] = _error(e)
+                timed = None
+                if device.type == "cuda" and not kept:
+                    torch.cuda.empty_cache()  # big shapes: let the next provider have the memory
+        kept = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        for p, samples in us_rounds.items():
+            ok = p not in cell["errors"]
+            us = statistics.median(samples) if ok else None
+            gbps = nbytes / us / 1e3 if us else None
+            cell["median_us"][p], cell["gbps"][p] = us, gbps
+            cell["pct_copy"][p] = 100 * gbps / copy if gbps else None
+            if rounds > 1:
+                cell.setdefault("rounds_us", {})[p] = samples if ok else None
+            if graphed:
+                dev_us = statistics.median(dev_rounds[p]) if ok and dev_rounds[p] else None
+                cell["device_us"][p] = dev_us
+                cell["device_pct_copy"][p] = 100 * nbytes / dev_us / 1e3 / copy if dev_us else None
+        done.append(cell)
+        elapsed = time.perf_counter() - start
+        left = elapsed * sum(predicted[i:]) / sum(predicted[:i])
+        eta = f"{_duration(elapsed)}, ~{_duration(left)} left"
+        log(f"[{i}/{len(todo)} {eta}] {_progress(cell, device.type)}")
     result = {
         "device": name,
         "device_type": device.type,
@@ -787,8 +776,6 @@ def run(
         "families": list(dict.fromkeys((s.family or s.name) for s, _ in select(ops or []))),
         "cells": done,
     }
-    if len(done) < len(todo):
-        result["cells_planned"] = len(todo)
     if with_host:
         log(f"host cost per call, {HOST_SHAPE[0]}x{HOST_SHAPE[1]} {HOST_DTYPE}...")
         result["host"] = host_costs(device, quick)
@@ -1009,8 +996,6 @@ def main(argv=None) -> None:
     def log(line: str) -> None:
         print(line, flush=True)
 
-    # `timeout` (a job's time limit) ends the run as Ctrl-C does: with the cells timed written.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
     result = run(
         [] if args.host_only else ops,
         dtypes,
