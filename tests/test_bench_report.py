@@ -2,6 +2,7 @@
 choice, the untracked default output, the host cost table; and, on tiny CPU cells, the flow of a
 run and the bookkeeping of --rounds (bench and bench_mlp)."""
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -159,6 +160,25 @@ def test_run_logs_an_estimate_and_progress(monkeypatch):
     assert [c["rows"] for c in result["cells"]] == [8, 16]
     assert all(c["gbps"]["fusedops"] > 0 for c in result["cells"])
     assert "host" not in result
+
+
+def test_a_run_cut_short_has_written_its_timed_cells(monkeypatch, tmp_path):
+    # The JSON is rewritten after every cell (as bench_mlp's): a run stopped by a job's time
+    # limit keeps what it measured.
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 20)
+
+    def log(line):
+        if line.startswith("[2/"):
+            raise KeyboardInterrupt  # stopped during the second cell's report
+
+    with pytest.raises(KeyboardInterrupt):
+        _quick_run(
+            ["softmax_fwd"], ["fp32"], [(8, 64), (16, 64), (32, 64)], "cpu", log=log, out=tmp_path
+        )
+    (written,) = tmp_path.glob("*.json")
+    result = json.loads(written.read_text())
+    assert [c["rows"] for c in result["cells"]] == [8, 16]
+    assert result["providers"] == ["fusedops", "eager"]
 
 
 def test_rounds_take_turns_and_report_the_median(monkeypatch):

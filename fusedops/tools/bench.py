@@ -678,6 +678,7 @@ def run(
     device: str | torch.device | None = None,
     with_host: bool = True,
     rounds: int = 1,
+    out: str | Path | None = None,
 ) -> dict:
     """Time every (op, dtype, shape) cell for each provider; return the results as a dict.
 
@@ -686,7 +687,8 @@ def run(
     holds median_us, gbps and pct_copy for each of providers() of its op (None where a provider
     failed, with the reason under errors). rounds > 1: a cell's providers are timed in turn that
     many times on inputs prepared once (all of them in memory together), median_us is the
-    median round and rounds_us every round's. with_host adds "host": host_costs().
+    median round and rounds_us every round's. with_host adds "host": host_costs(). out: where to
+    write the JSON after every cell (write()), so a run cut short keeps what it measured.
     """
     log = log or (lambda s: None)
     device = pick_device(device) if not isinstance(device, torch.device) else device
@@ -706,6 +708,19 @@ def run(
             "each line below updates the estimate"
         )
     done = []
+    result = {
+        "device": name,
+        "device_type": device.type,
+        "slug": device_slug(name),
+        "torch": torch.__version__,
+        "build_info": fusedops.build_info(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "quick": quick,
+        "copy_gbps": copy,
+        "providers": [],
+        "families": list(dict.fromkeys((s.family or s.name) for s, _ in select(ops or []))),
+        "cells": done,
+    }
     start = time.perf_counter()
     for i, (spec, pass_, dt, (rows, n)) in enumerate(todo, 1):
         nbytes = min_bytes(spec, pass_, rows, n, DTYPES[dt])
@@ -759,23 +774,13 @@ def run(
                 cell["device_us"][p] = dev_us
                 cell["device_pct_copy"][p] = 100 * nbytes / dev_us / 1e3 / copy if dev_us else None
         done.append(cell)
+        result["providers"] = [p for p in PROVIDERS if any(p in c["median_us"] for c in done)]
+        if out:
+            write(result, out, with_plot=False)
         elapsed = time.perf_counter() - start
         left = elapsed * sum(predicted[i:]) / sum(predicted[:i])
         eta = f"{_duration(elapsed)}, ~{_duration(left)} left"
         log(f"[{i}/{len(todo)} {eta}] {_progress(cell, device.type)}")
-    result = {
-        "device": name,
-        "device_type": device.type,
-        "slug": device_slug(name),
-        "torch": torch.__version__,
-        "build_info": fusedops.build_info(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "quick": quick,
-        "copy_gbps": copy,
-        "providers": [p for p in PROVIDERS if any(p in c["median_us"] for c in done)],
-        "families": list(dict.fromkeys((s.family or s.name) for s, _ in select(ops or []))),
-        "cells": done,
-    }
     if with_host:
         log(f"host cost per call, {HOST_SHAPE[0]}x{HOST_SHAPE[1]} {HOST_DTYPE}...")
         result["host"] = host_costs(device, quick)
@@ -1006,6 +1011,7 @@ def main(argv=None) -> None:
         device,
         with_host=not args.no_host,
         rounds=args.rounds,
+        out=args.out,
     )
     print(table(result))
     for path in write(result, args.out, not args.no_plot):
