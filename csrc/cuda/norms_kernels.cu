@@ -885,7 +885,15 @@ constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
 // Where DRAM is faster per SM (row_stage::fast_dram), three: H200, kernel-only % of copy, fp32
 // layer_norm / rms_norm 8192x8192 84.5 / 88.8 -> 96.1 / 96.4, 4096x32768 67.4 / 70.0 -> 83.2 /
 // 88.0, 16384x4096 89.9 / 93.9 -> 93.5 / 89.2; 16-bit kernels' registers hold two anyway.
+// There, clusters of 16 blocks take no cap (as many blocks as fit, so more clusters fit each
+// GPC): H200, kernel-only % of copy, 4096x32768 fp32 layer_norm / rms_norm 82.2 / 87.1 -> 82.8 /
+// 90.9, bf16 there and at 4096x65536 level; clusters of 8 keep it (fp32 8192x16384, uncapped:
+// 95.1 / 96.7 -> 94.2 / 92.5). More stages (2-6 of 16 KB, as many as the shared memory held) lost
+// up to 3 points in the 16-bit backward at two blocks per SM, and 512 threads of one pack each
+// (twice the warps) 4-14: x and dy in flight are not what holds it back
+// (bench/results/h200-norm-bwd-stages-blocks.txt).
 constexpr int kBwdStagedBlocksPerSm = 2, kBwdStagedBlocksPerSmFastDram = 3;
+constexpr int kBwdStagedUncappedRanksFastDram = 16;
 template <int kPacks>
 constexpr int staged_bwd_min_blocks() {
   return kPacks == kBwdStagedPacks ? kBwdStagedBlocksPerSm : 1;
@@ -1380,9 +1388,10 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
   }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
   size_t smem = size_t(staged_bwd_stages(s.packs)) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
-  if (s.packs == kPacks) {  // no more than this many blocks per SM
-    const int blocks =
-        row_stage::fast_dram(info) ? kBwdStagedBlocksPerSmFastDram : kBwdStagedBlocksPerSm;
+  const bool fast = row_stage::fast_dram(info);
+  if (s.packs == kPacks && (!fast || s.ranks < kBwdStagedUncappedRanksFastDram)) {
+    // no more than this many blocks per SM
+    const int blocks = fast ? kBwdStagedBlocksPerSmFastDram : kBwdStagedBlocksPerSm;
     smem = std::max(smem, size_t(info.smem_per_sm / (blocks + 1)));
   }
   return {kernel, {0, s.threads, smem, s.ranks}, s.threads, false, 0};
