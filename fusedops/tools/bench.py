@@ -18,7 +18,8 @@ same medians. On the CPU the 2 GiB copy streams through DRAM while the smaller s
 cache, so those can exceed 100% of it: there % of copy compares with DRAM speed, not a roof.
 --rounds N times each cell's providers in turn N times on inputs prepared once and reports the
 median round: a slow spell of the machine then falls on every provider, not on whichever ran
-during it (on CPU each provider also warms up for CPU_WARMUP_SECONDS first).
+during it (on CPU each provider also warms up for CPU_WARMUP_SECONDS first, then until its
+calls settle: see SETTLED).
 
 Host cost (on unless --no-host): microseconds per call on tiny tensors (HOST_SHAPE): each op
 forward and forward+backward and each module, fusedops beside torch's equivalent; back-to-back
@@ -418,13 +419,21 @@ def _per_call(step, batch: int, reps: int, device: torch.device, host_clock: boo
 
 # A process's first calls at a size ran slower for a while on a 2-core CPU (fp32 softmax
 # backward at 4096x1024: 9 ms for whichever provider was timed first, 3.5 ms for the second, and
-# for the first when timed again): the kernel benchmark warms each CPU provider up this long.
+# for the first when timed again): the kernel benchmark warms each CPU provider up this long,
+# and then until a call runs within SETTLED of the fastest warm-up call (at most
+# CPU_SETTLE_MAX_SECONDS more). On a 2-core virtual machine the first provider timed at 4096x32768
+# fp32 took 3-4 calls of ~0.9 s each after its first two, whichever it was (layer_norm forward,
+# ms per call: fusedops 125 357 996 949 908 149 127, then torch 129-133; torch first: 139 136 462
+# 823 837 143, then fusedops 124-138); with a fixed 0.5 s, that cell read 0.34x over two rounds
+# (fusedops 1002 and 145 ms).
 CPU_WARMUP_SECONDS = 0.5
+CPU_SETTLE_MAX_SECONDS = 10.0
+SETTLED = 1.25
 
 
 def measure(t: Timed, device: torch.device, quick: bool = False, warmup_s: float = 0.0) -> float:
     """Median seconds per call of t, after a warm-up that compiles and touches every set (and
-    goes on for warmup_s seconds)."""
+    goes on for warmup_s seconds, then until a call is within SETTLED of the fastest)."""
     warmup, reps, target = _plan(device, quick)
     it = itertools.cycle(t.sets)  # one cycle throughout: no set is used twice in a row
     # Outputs stay alive for a whole rotation, so the allocator hands each call a different
@@ -434,13 +443,22 @@ def measure(t: Timed, device: torch.device, quick: bool = False, warmup_s: float
     def step():
         outputs.append(t.call(*next(it)))
 
+    def timed_step() -> float:
+        t0 = time.perf_counter()
+        step()
+        return time.perf_counter() - t0
+
     # Forward runs under no_grad (inference); backward needs autograd on.
     with torch.set_grad_enabled(t.grad), _on(t.stream):
-        for _ in range(max(warmup, len(t.sets))):
-            step()
-        end = time.perf_counter() + warmup_s
-        while time.perf_counter() < end:
-            step()
+        first = [timed_step() for _ in range(max(warmup, len(t.sets)))]
+        fastest, last = min(first), first[-1]
+        start = time.perf_counter()
+        while warmup_s > 0:
+            elapsed = time.perf_counter() - start
+            if elapsed >= warmup_s + (0 if last <= SETTLED * fastest else CPU_SETTLE_MAX_SECONDS):
+                break
+            last = timed_step()
+            fastest = min(fastest, last)
         batch = 1
         if target:  # enough calls per batch to fill `target`, from one timed call
             batch = min(1000, max(1, math.ceil(target / _per_call(step, 1, 1, device))))
