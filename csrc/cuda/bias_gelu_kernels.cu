@@ -97,9 +97,7 @@ __device__ __forceinline__ acc_t<T> gelu_of(acc_t<T> v) {
 template <typename T, int VEC>
 __device__ __forceinline__ void load_bias(const T* bias, int64_t col, acc_t<T> (&b)[VEC]) {
   if (bias != nullptr) {
-    const Pack<T, VEC> p = load_pack<T, VEC>(bias + col);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) b[j] = to_acc(p.v[j]);
+    widen(load_pack<T, VEC>(bias + col), b);
   } else {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) b[j] = acc_t<T>(0);
@@ -132,9 +130,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t r = r0 + u * stride;
       if (r < rows) {
-        acc_t<T> out[VEC];
+        acc_t<T> xv[VEC], out[VEC];
+        widen(v[u], xv);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) out[j] = gelu_of<T, kApprox, false>(to_acc(v[u].v[j]) + b[j]);
+        for (int j = 0; j < VEC; ++j) out[j] = gelu_of<T, kApprox, false>(xv[j] + b[j]);
         store_pack<T, VEC>(y + r * cols + col, pack_from_acc<T, VEC>(out));
       }
     }
@@ -180,11 +179,12 @@ __device__ __forceinline__ void bias_gelu_bwd_rows(
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t r = r0 + u * stride;
         if (r < rows) {
-          Acc d[VEC];
+          Acc d[VEC], xv[VEC];
+          widen(g[u], d);
+          if constexpr (!kSumOnly) widen(v[u], xv);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            d[j] = to_acc(g[u].v[j]);
-            if constexpr (!kSumOnly) d[j] *= gelu_of<T, kApprox, true>(to_acc(v[u].v[j]) + b[j]);
+            if constexpr (!kSumOnly) d[j] *= gelu_of<T, kApprox, true>(xv[j] + b[j]);
             sum[j] += d[j];  // unrounded: dbias sums the exact per-element gradients
           }
           if constexpr (!kSumOnly) {

@@ -119,9 +119,10 @@ __device__ __forceinline__ float fold(const T* x, const Slice& sl, float init, F
   float acc = init;
 #pragma unroll 4
   for (int p = sl.t; p < sl.packs; p += sl.n) {
-    const Pack<T, VEC> v = load_pack<T, VEC>(x + p * VEC);
+    acc_t<T> v[VEC];
+    widen(load_pack<T, VEC>(x + p * VEC), v);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) acc = op(acc, f(to_acc(v.v[k])));
+    for (int k = 0; k < VEC; ++k) acc = op(acc, f(v[k]));
   }
   return acc;
 }

@@ -66,20 +66,21 @@ struct SoftmaxBwdStaged : row_stage::Defaults<T_> {
     float s = 0.f;
 #pragma unroll 4
     for (int p = sl.t; p < sl.packs; p += sl.n) {
-      const Pack<T, VEC> o = load_pack<T, VEC>(y + p * VEC), g = load_pack<T, VEC>(dy + p * VEC);
+      float yk[VEC], dyk[VEC];
+      widen(load_pack<T, VEC>(y + p * VEC), yk);
+      widen(load_pack<T, VEC>(dy + p * VEC), dyk);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) s += a.log ? to_acc(g.v[k]) : to_acc(g.v[k]) * to_acc(o.v[k]);
+      for (int k = 0; k < VEC; ++k) s += a.log ? dyk[k] : dyk[k] * yk[k];
     }
     s = reduce(s, SumOp());
 #pragma unroll 4
     for (int p = sl.t; p < sl.packs; p += sl.n) {
-      const Pack<T, VEC> o = load_pack<T, VEC>(y + p * VEC), g = load_pack<T, VEC>(dy + p * VEC);
-      float out[VEC];
+      float yk[VEC], dyk[VEC], out[VEC];
+      widen(load_pack<T, VEC>(y + p * VEC), yk);
+      widen(load_pack<T, VEC>(dy + p * VEC), dyk);
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) {
-        const float yk = to_acc(o.v[k]), dyk = to_acc(g.v[k]);
-        out[k] = a.log ? dyk - acc_exp(yk) * s : yk * (dyk - s);
-      }
+      for (int k = 0; k < VEC; ++k)
+        out[k] = a.log ? dyk[k] - acc_exp(yk[k]) * s : yk[k] * (dyk[k] - s);
       store_pack_global<T, VEC>(a.dx + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
     }
   }

@@ -79,12 +79,11 @@ struct SoftmaxFwdStaged : row_stage::Defaults<T_> {
     const float log_sum = logf(total.s), inv = 1.f / total.s;
 #pragma unroll 4
     for (int p = sl.t; p < sl.packs; p += sl.n) {
-      const Pack<T, VEC> v = load_pack<T, VEC>(x + p * VEC);
-      float out[VEC];
+      float v[VEC], out[VEC];
+      widen(load_pack<T, VEC>(x + p * VEC), v);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
-        const float xk = to_acc(v.v[k]);
-        out[k] = a.log ? (xk - total.m) - log_sum : acc_exp(xk - total.m) * inv;
+        out[k] = a.log ? (v[k] - total.m) - log_sum : acc_exp(v[k] - total.m) * inv;
       }
       store_pack_global<T, VEC>(a.y + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
     }

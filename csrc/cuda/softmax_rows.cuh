@@ -142,8 +142,10 @@ struct SoftmaxFwd {
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
         if (!valid || j * G + g >= npacks) continue;
+        float v[VEC];
+        widen(x[j], v);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) mx = fmaxf(mx, to_acc(x[j].v[k]));
+        for (int k = 0; k < VEC; ++k) mx = fmaxf(mx, v[k]);
       }
       return mx;
     }
@@ -156,9 +158,11 @@ struct SoftmaxFwd {
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
         if (!valid || j * G + g >= npacks) continue;
+        float v[VEC];
+        widen(x[j], v);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
-          const float ek = acc_exp(to_acc(x[j].v[k]) - ref);
+          const float ek = acc_exp(v[k] - ref);
           if constexpr (kExpOnce) e[j][k] = ek;
           s += ek;
         }
@@ -179,13 +183,15 @@ struct SoftmaxFwd {
         const int p = j * G + g;
         if (!valid || p >= npacks) continue;
         float out[VEC];
+        if constexpr (kExpOnce) {
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          if constexpr (kExpOnce) {
-            out[k] = e[j][k] * scale;
-          } else {
-            const float xk = to_acc(x[j].v[k]);
-            out[k] = a.log ? (xk - row.m) - log_sum : acc_exp(xk - row.m) * inv;
+          for (int k = 0; k < VEC; ++k) out[k] = e[j][k] * scale;
+        } else {
+          float v[VEC];
+          widen(x[j], v);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) {
+            out[k] = a.log ? (v[k] - row.m) - log_sum : acc_exp(v[k] - row.m) * inv;
           }
         }
         store_pack<T, VEC>(a.y + offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
@@ -230,10 +236,11 @@ struct SoftmaxBwd {
 #pragma unroll
       for (int j = 0; j < PACKS; ++j) {
         if (!valid || j * G + g >= npacks) continue;
+        float yk[VEC], dyk[VEC];
+        widen(y[j], yk);
+        widen(dy[j], dyk);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          s += a.log ? to_acc(dy[j].v[k]) : to_acc(dy[j].v[k]) * to_acc(y[j].v[k]);
-        }
+        for (int k = 0; k < VEC; ++k) s += a.log ? dyk[k] : dyk[k] * yk[k];
       }
       return s;
     }
@@ -244,12 +251,12 @@ struct SoftmaxBwd {
       for (int j = 0; j < PACKS; ++j) {
         const int p = j * G + g;
         if (!valid || p >= npacks) continue;
-        float out[VEC];
+        float yk[VEC], dyk[VEC], out[VEC];
+        widen(y[j], yk);
+        widen(dy[j], dyk);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float yk = to_acc(y[j].v[k]), dyk = to_acc(dy[j].v[k]);
-          out[k] = a.log ? dyk - acc_exp(yk) * s : yk * (dyk - s);
-        }
+        for (int k = 0; k < VEC; ++k)
+          out[k] = a.log ? dyk[k] - acc_exp(yk[k]) * s : yk[k] * (dyk[k] - s);
         store_pack<T, VEC>(a.dx + offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
       }
     }
