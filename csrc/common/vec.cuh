@@ -103,23 +103,6 @@ struct Word<2> {
   using type = unsigned short;
 };
 
-// A pack held as its plain words, for rows kept in registers between passes. A Pack of 16-bit
-// elements was kept as halves, joined again at each use (a PRMT per word); where the loads
-// landed in reused registers, each load's halves were split out before the next load issued
-// (the norm backward's warp tiers: their loads no longer all in flight).
-template <typename T, int VEC>
-using PackWords = typename Word<sizeof(Pack<T, VEC>)>::type;
-template <typename T, int VEC>
-__device__ __forceinline__ PackWords<T, VEC> load_words(const T* p) {
-  return *reinterpret_cast<const PackWords<T, VEC>*>(p);
-}
-template <typename T, int VEC>
-__device__ __forceinline__ void widen(const PackWords<T, VEC>& w, acc_t<T> (&out)[VEC]) {
-  Pack<T, VEC> pk;
-  memcpy(&pk, &w, sizeof(pk));
-  widen(pk, out);
-}
-
 template <typename T, int VEC>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, VEC>& v) {
   if constexpr (sizeof(Pack<T, VEC>) <= 16 &&
@@ -153,8 +136,8 @@ __device__ __forceinline__ void store_pack_global(T* p, const Pack<T, VEC>& v) {
 
 // A pack widened to its accumulation type; bf16 packs through their 32-bit words (a shift for
 // the lower half, a mask for the upper). Element by element, the compiler split each word into
-// halves first: two or three instructions for the upper half's one, a sixth of the staged bf16
-// row kernels' instructions (their SASS). fp16 widens from either half of a register as it is.
+// halves first: two or three instructions for the upper half's one (the staged bf16 softmax
+// loops lost a sixth and a third of their SASS to this). fp16 widens either half as it is.
 template <typename T, int VEC>
 __device__ __forceinline__ void widen(const Pack<T, VEC>& pk, acc_t<T> (&out)[VEC]) {
   if constexpr (std::is_same_v<T, __nv_bfloat16> && VEC % 2 == 0) {
@@ -169,6 +152,23 @@ __device__ __forceinline__ void widen(const Pack<T, VEC>& pk, acc_t<T> (&out)[VE
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out[j] = to_acc(pk.v[j]);
   }
+}
+
+// A pack held as its plain words, for rows kept in registers between passes. A Pack of 16-bit
+// elements was kept as halves, joined again at each use (a PRMT per word); where the loads
+// landed in reused registers, each load's halves were split out before the next load issued
+// (the norm backward's warp tiers: their loads no longer all in flight).
+template <typename T, int VEC>
+using PackWords = typename Word<sizeof(Pack<T, VEC>)>::type;
+template <typename T, int VEC>
+__device__ __forceinline__ PackWords<T, VEC> load_words(const T* p) {
+  return *reinterpret_cast<const PackWords<T, VEC>*>(p);
+}
+template <typename T, int VEC>
+__device__ __forceinline__ void widen(const PackWords<T, VEC>& w, acc_t<T> (&out)[VEC]) {
+  Pack<T, VEC> pk;
+  memcpy(&pk, &w, sizeof(pk));
+  widen(pk, out);
 }
 
 __host__ __device__ inline bool is_aligned16(const void* p) {
