@@ -99,6 +99,33 @@ def cublaslt_library(cuda_home):
     )
 
 
+def cutlass_include_dir():
+    """CUTLASS's headers as pip's nvidia-cutlass ships them (cutlass_library/source/include), found
+    without importing the package; None without it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "source", "include")
+    return path if os.path.isfile(os.path.join(path, "cutlass", "cutlass.h")) else None
+
+
+def hopper_archs(archs, cutlass):
+    """fused_mlp's Hopper GEMM (csrc/cuda/gemm_gelu_sm90.cu: wgmma, TMA) needs CUTLASS's headers
+    and the arch-specific target sm_90a. With both, "9.0" becomes "9.0a" (its cubin runs on
+    the same GPUs; the other kernels compile alike). Returns (archs, whether the GEMM is built)."""
+    names = [a.strip() for a in re.split(r"[;\s]+", archs) if a.strip()]
+    if cutlass is None or not {"9.0", "9.0a"} & set(names):
+        if "9.0" in names:
+            log(
+                "no CUTLASS headers (pip install nvidia-cutlass): fused_mlp's exact-GELU GEMM "
+                "for Hopper is not built; cuBLASLt + the GELU kernel serve"
+            )
+        return archs, False
+    return ";".join("9.0a" if a == "9.0" else a for a in names), True
+
+
 def want_cuda(torch, cuda_home):
     flag = os.environ.get("FUSEDOPS_CUDA", "").strip()
     if flag == "0":
@@ -255,7 +282,13 @@ def extensions():
             )
         ]
 
-    archs = cuda_arch_list(torch)
+    cutlass = cutlass_include_dir()
+    archs, with_cutlass = hopper_archs(cuda_arch_list(torch), cutlass)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = archs  # read by cpp_extension at build time
+    if with_cutlass:
+        include_dirs.append(cutlass)
+        macros.append(("FUSEDOPS_WITH_CUTLASS", None))
+        log(f"CUTLASS: {cutlass}; archs {archs}")
     sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
     toolkit_include = os.path.join(cuda_home, "include")
     for d in pip_cuda_include_dirs():

@@ -24,6 +24,11 @@ std::string build_info() {
   info += ";cuda=" + std::to_string(CUDART_VERSION / 1000) + "." +
           std::to_string(CUDART_VERSION % 1000 / 10);
   info += ";cuda_archs=" FUSEDOPS_STR(FUSEDOPS_CUDA_ARCHS);
+#ifdef FUSEDOPS_WITH_CUTLASS
+  info += ";cutlass=1";  // fused_mlp's Hopper GEMM (csrc/cuda/gemm_gelu_sm90.h) is built
+#else
+  info += ";cutlass=0";
+#endif
 #endif
   return info;
 }

@@ -5,7 +5,9 @@
 #                            (setup.py decides CPU/CUDA/Metal from the env: FUSEDOPS_CUDA,
 #                            FUSEDOPS_METAL, TORCH_CUDA_ARCH_LIST, MAX_JOBS)
 # Package lists mirror pyproject.toml's optional dependencies.
-FUSEDOPS_BUILD_DEPS=("setuptools>=64" wheel ninja)
+# nvidia-cutlass: headers for fused_mlp's Hopper GEMM (setup.py builds it for 9.0 when found);
+# pinned, as CUTLASS's templates change between releases.
+FUSEDOPS_BUILD_DEPS=("setuptools>=64" wheel ninja nvidia-cutlass==4.2.0.0)
 FUSEDOPS_DEMO_DEPS=(scikit-learn tqdm matplotlib)
 # The tests run the demo (tests/test_demo.py), so they need its packages too.
 FUSEDOPS_TEST_DEPS=(pytest numpy expecttest hypothesis "${FUSEDOPS_DEMO_DEPS[@]}")

@@ -384,21 +384,26 @@ def test_cuda_epilogue_vs_fallback(approximate, dtype):
     torch.testing.assert_close(y_s, y, **tol)
 
 
+def cuda_kernel_names(fn):
+    """Names of the CUDA kernels fn() launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("approximate", APPROX)
 def test_cuda_epilogues_used(approximate, dtype):
-    # Aligned 16-bit block, tanh: the forward's GELU runs in the first GEMM's epilogue. exact: the
-    # erf GELU kernel. The backward's GELU' always runs in the bias_gelu backward kernel, which
-    # sums db1 too. fp32 always runs the GELU kernels (cuBLASLt's GELU epilogues are not
-    # fp32-accurate).
+    # Aligned 16-bit training block, tanh: the forward's GELU runs in the first GEMM's epilogue.
+    # exact: the erf GELU kernel (inference may run a CUTLASS GEMM: below). The backward's GELU'
+    # always runs in the bias_gelu backward kernel, which sums db1 too. fp32 always runs the GELU
+    # kernels (cuBLASLt's GELU epilogues are not fp32-accurate).
     model = FusedMLP(256, 1024, 512, approximate=approximate, device="cuda", dtype=dtype)
     x = torch.randn(128, 256, device="cuda", dtype=dtype, requires_grad=True)
     model(x).sum().backward()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        model(x).sum().backward()
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    names = cuda_kernel_names(lambda: model(x).sum().backward())
     fwd = sum("bias_gelu_fwd_kernel" in n for n in names)
     bwd = sum("bias_gelu_bwd_kernel" in n for n in names)
     fused_fwd = approximate == "tanh" and dtype != torch.float32
@@ -406,6 +411,49 @@ def test_cuda_epilogues_used(approximate, dtype):
     if dtype != torch.float32:  # db2 from the dW2 GEMM's epilogue; the one ATen reduction: the loss
         assert not any("column_sum_kernel" in n for n in names), names
         assert sum("reduce_kernel" in n for n in names) == 1, names
+
+
+def skip_without_cutlass_gemm():
+    if fusedops.build_info().get("cutlass") != "1":
+        pytest.skip("built without CUTLASS (pip install nvidia-cutlass, then rebuild)")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the CUTLASS GEMM is built for sm_90a (H100/H200)")
+
+
+def inference_block(n_in, dtype, bias=True):
+    """x [300, n_in] and detached params of an n_in -> 1032 -> 200 block: rows and hidden are not
+    multiples of the CUTLASS GEMM's 128x256 tile."""
+    x = torch.randn(300, n_in, dtype=dtype, device="cuda")
+    params_ = params(n_in, 1032, 200, dtype, "cuda", bias=(bias, bias))
+    return x, [t.detach() if t is not None else None for t in params_]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n_in", [256, 1032])
+def test_cuda_exact_inference_epilogues_used(n_in):
+    # Inference with the exact GELU on compute capability 9.0, in_features <= 1024: fc1 is one
+    # CUTLASS GEMM with the erf GELU in its epilogue where the build holds it (build_info's
+    # cutlass=1); wider inputs: cuBLASLt and the bias_gelu kernel.
+    skip_without_cutlass_gemm()
+    x, w = inference_block(n_in, torch.bfloat16)
+    with torch.no_grad():
+        names = cuda_kernel_names(lambda: fusedops.fused_mlp(x, *w))
+    cutlass = any("cutlass" in n and "device_kernel" in n for n in names)  # may stay mangled
+    assert cutlass == (n_in <= 1024), names
+    assert any("bias_gelu_fwd_kernel" in n for n in names) == (n_in > 1024), names
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_cuda_exact_inference_gemm_epilogue(bias, dtype):
+    # The CUTLASS GEMM's output (the test above shows it runs) obeys the tolerance rule.
+    skip_without_cutlass_gemm()
+    x, w = inference_block(256, dtype, bias)
+    with torch.no_grad():
+        out = fusedops.fused_mlp(x, *w)
+    ref = eager_mlp(*(t.double().cpu() if t is not None else None for t in (x, *w)))
+    assert_rule(out, eager_mlp(x, *w), ref, dtype)
 
 
 @pytest.mark.cuda
