@@ -51,14 +51,16 @@ inline BiasGeluProblem check_bias_gelu(const char* op, const at::Tensor& input,
 // is d/dbias of a bias added to input, so a caller whose input already holds its bias (the MLP's
 // pre-activation) still gets that bias' gradient. overwrite_input / overwrite_grad_output: the
 // kernel writes its output into that argument's memory (a caller's temporary, dead after the
-// call) and returns it.
+// call) and returns it. The backward's output, where defined ([rows, cols], input's dtype),
+// receives the forward's output gelu(input + bias) from the same pass.
 at::Tensor bias_gelu_rows_fwd_cuda(const at::Tensor& input, const at::Tensor& bias,
                                    GeluApprox approx, bool overwrite_input = false);
 std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& grad_output,
                                                            const at::Tensor& input,
                                                            const at::Tensor& bias,
                                                            GeluApprox approx, bool want_dbias,
-                                                           bool overwrite_grad_output = false);
+                                                           bool overwrite_grad_output = false,
+                                                           at::Tensor output = at::Tensor());
 // The column sums of a contiguous [rows, cols] tensor, [cols] in its dtype (fp32 sums, a fixed
 // order): a bias gradient where no kernel above makes it.
 at::Tensor column_sum_rows_cuda(const at::Tensor& input);

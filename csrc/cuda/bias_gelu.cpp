@@ -32,11 +32,9 @@ at::Tensor bias_gelu_rows_fwd_cuda(const at::Tensor& input, const at::Tensor& bi
   return y;
 }
 
-std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& grad_output,
-                                                           const at::Tensor& input,
-                                                           const at::Tensor& bias,
-                                                           GeluApprox approx, bool want_dbias,
-                                                           bool overwrite_grad_output) {
+std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& bias,
+    GeluApprox approx, bool want_dbias, bool overwrite_grad_output, at::Tensor output) {
   const c10::cuda::CUDAGuard guard(input.device());
   const int64_t rows = input.size(0), cols = input.size(1);
   at::Tensor dx = overwrite_grad_output ? grad_output : cuda_empty({rows, cols}, input.options());
@@ -62,6 +60,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_rows_bwd_cuda(const at::Tensor& gra
             cuda_ptr<scalar_t>(grad_output), cuda_ptr<scalar_t>(input),
             bias.defined() ? cuda_ptr<scalar_t>(bias) : nullptr, cuda_mut_ptr<scalar_t>(dx),
             want_dbias ? cuda_mut_ptr<scalar_t>(db) : nullptr,
+            output.defined() ? cuda_mut_ptr<scalar_t>(output) : nullptr,
             want_dbias ? workspace.mutable_data_ptr() : nullptr, rows, cols, approx, dev, stream));
       });
   return {dx, db};

@@ -141,9 +141,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The backward's body. Where dbias is not null, this block's column sums of dx go to
-// partial[blockIdx.y * ld + col], or straight to dbias where the grid is one block row. dx may be
-// dy (written in place: each element is read, then written, by the same thread), so neither is
-// __restrict__. kSumOnly: dx = dy, of which only the column sums are made (x, bias and dx unused).
+// partial[blockIdx.y * ld + col], or straight to dbias where the grid is one block row. Where y
+// is not null, the forward's output gelu(x + bias) goes there too (the same GELU terms: the
+// compiler shares them between the value and its derivative). dx may be dy (written in place:
+// each element is read, then written, by the same thread), so neither is __restrict__. kSumOnly:
+// dx = dy, of which only the column sums are made (x, bias, dx and y unused).
 template <typename T, int VEC, GeluApprox kApprox, bool kSumOnly>
 __device__ __forceinline__ void bias_gelu_bwd_rows(
     const T* dy,                     // [rows, cols]
@@ -151,6 +153,7 @@ __device__ __forceinline__ void bias_gelu_bwd_rows(
     const T* __restrict__ bias,      // [cols] or null
     T* dx,                           // [rows, cols]
     T* dbias,                        // [cols] or null
+    T* __restrict__ y,               // [rows, cols] or null
     acc_t<T>* __restrict__ partial,  // [gridDim.y, ld]; unused where gridDim.y is 1
     int64_t ld, int64_t rows, int64_t cols) {
   using Acc = acc_t<T>;
@@ -181,10 +184,23 @@ __device__ __forceinline__ void bias_gelu_bwd_rows(
         if (r < rows) {
           Acc d[VEC], xv[VEC];
           widen(g[u], d);
-          if constexpr (!kSumOnly) widen(v[u], xv);
+          if constexpr (!kSumOnly) {
+            widen(v[u], xv);
+            if (y != nullptr) {  // uniform over the grid
+              Acc out[VEC];
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) {
+                out[j] = gelu_of<T, kApprox, false>(xv[j] + b[j]);
+                d[j] *= gelu_of<T, kApprox, true>(xv[j] + b[j]);
+              }
+              store_pack<T, VEC>(y + r * cols + col, pack_from_acc<T, VEC>(out));
+            } else {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) d[j] *= gelu_of<T, kApprox, true>(xv[j] + b[j]);
+            }
+          }
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            if constexpr (!kSumOnly) d[j] *= gelu_of<T, kApprox, true>(xv[j] + b[j]);
             sum[j] += d[j];  // unrounded: dbias sums the exact per-element gradients
           }
           if constexpr (!kSumOnly) {
@@ -218,10 +234,10 @@ __device__ __forceinline__ void bias_gelu_bwd_rows(
 template <typename T, int VEC, GeluApprox kApprox>
 __global__ void __launch_bounds__(kThreads)
     bias_gelu_bwd_kernel(const T* dy, const T* __restrict__ x, const T* __restrict__ bias, T* dx,
-                         T* dbias, acc_t<T>* __restrict__ partial, int64_t ld, int64_t rows,
-                         int64_t cols) {
+                         T* dbias, T* __restrict__ y, acc_t<T>* __restrict__ partial, int64_t ld,
+                         int64_t rows, int64_t cols) {
   sm90::grid_dependency_wait();
-  bias_gelu_bwd_rows<T, VEC, kApprox, false>(dy, x, bias, dx, dbias, partial, ld, rows, cols);
+  bias_gelu_bwd_rows<T, VEC, kApprox, false>(dy, x, bias, dx, dbias, y, partial, ld, rows, cols);
 }
 
 // A bias gradient alone (fused_mlp's db2 where no epilogue sums it):
@@ -231,8 +247,8 @@ __global__ void __launch_bounds__(kThreads)
     column_sum_kernel(const T* dy, T* sum, acc_t<T>* __restrict__ partial, int64_t ld, int64_t rows,
                       int64_t cols) {
   sm90::grid_dependency_wait();
-  bias_gelu_bwd_rows<T, VEC, GeluApprox::kNone, true>(dy, nullptr, nullptr, nullptr, sum, partial,
-                                                      ld, rows, cols);
+  bias_gelu_bwd_rows<T, VEC, GeluApprox::kNone, true>(dy, nullptr, nullptr, nullptr, sum, nullptr,
+                                                      partial, ld, rows, cols);
 }
 
 template <typename T, int VEC, GeluApprox kApprox>
@@ -244,12 +260,13 @@ cudaError_t launch_fwd(const T* x, const T* bias, T* y, int64_t rows, int64_t co
 }
 
 template <typename T, int VEC, GeluApprox kApprox>
-cudaError_t launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, acc_t<T>* partial,
-                       int64_t rows, int64_t cols, const DeviceInfo& dev, cudaStream_t stream) {
+cudaError_t launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, T* y,
+                       acc_t<T>* partial, int64_t rows, int64_t cols, const DeviceInfo& dev,
+                       cudaStream_t stream) {
   const Tiling t = bwd_tiling(rows, cols / VEC, dev);
   const int64_t ld = partial_rows::ld(cols);
   const cudaError_t err = launch(bias_gelu_bwd_kernel<T, VEC, kApprox>, t.grid, t.block, dev,
-                                 stream, dy, x, bias, dx, dbias, partial, ld, rows, cols);
+                                 stream, dy, x, bias, dx, dbias, y, partial, ld, rows, cols);
   if (err != cudaSuccess || dbias == nullptr || t.grid.y == 1) return err;
   return partial_rows::sum<acc_t<T>, T>(partial, dbias, nullptr, nullptr, t.grid.y, ld, cols, dev,
                                         stream);
@@ -297,22 +314,25 @@ size_t bias_gelu_bwd_workspace_bytes(int64_t rows, int64_t cols, const DeviceInf
 
 template <typename T>
 cudaError_t bias_gelu_bwd_cuda(const T* grad_output, const T* input, const T* bias, T* grad_input,
-                               T* grad_bias, void* workspace, int64_t rows, int64_t cols,
+                               T* grad_bias, T* output, void* workspace, int64_t rows, int64_t cols,
                                GeluApprox approx, const DeviceInfo& dev, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
   constexpr int kVec = kVec16<T>;
   auto* partial = static_cast<acc_t<T>*>(workspace);
-  const bool vec = use_vec<T, kVec>(cols, {grad_output, input, bias, grad_input});
+  const bool vec = use_vec<T, kVec>(cols, {grad_output, input, bias, grad_input, output});
   if (approx == GeluApprox::kTanh) {
     return vec ? launch_bwd<T, kVec, GeluApprox::kTanh>(grad_output, input, bias, grad_input,
-                                                        grad_bias, partial, rows, cols, dev, stream)
+                                                        grad_bias, output, partial, rows, cols, dev,
+                                                        stream)
                : launch_bwd<T, 1, GeluApprox::kTanh>(grad_output, input, bias, grad_input,
-                                                     grad_bias, partial, rows, cols, dev, stream);
+                                                     grad_bias, output, partial, rows, cols, dev,
+                                                     stream);
   }
   return vec ? launch_bwd<T, kVec, GeluApprox::kNone>(grad_output, input, bias, grad_input,
-                                                      grad_bias, partial, rows, cols, dev, stream)
+                                                      grad_bias, output, partial, rows, cols, dev,
+                                                      stream)
              : launch_bwd<T, 1, GeluApprox::kNone>(grad_output, input, bias, grad_input, grad_bias,
-                                                   partial, rows, cols, dev, stream);
+                                                   output, partial, rows, cols, dev, stream);
 }
 
 template <typename T>
@@ -330,8 +350,8 @@ cudaError_t column_sum_cuda(const T* input, T* sum, void* workspace, int64_t row
   template cudaError_t bias_gelu_fwd_cuda<T>(const T*, const T*, T*, int64_t, int64_t, GeluApprox, \
                                              const DeviceInfo&, cudaStream_t);                     \
   template size_t bias_gelu_bwd_workspace_bytes<T>(int64_t, int64_t, const DeviceInfo&);           \
-  template cudaError_t bias_gelu_bwd_cuda<T>(const T*, const T*, const T*, T*, T*, void*, int64_t, \
-                                             int64_t, GeluApprox, const DeviceInfo&,               \
+  template cudaError_t bias_gelu_bwd_cuda<T>(const T*, const T*, const T*, T*, T*, T*, void*,      \
+                                             int64_t, int64_t, GeluApprox, const DeviceInfo&,      \
                                              cudaStream_t);                                        \
   template cudaError_t column_sum_cuda<T>(const T*, T*, void*, int64_t, int64_t,                   \
                                           const DeviceInfo&, cudaStream_t);

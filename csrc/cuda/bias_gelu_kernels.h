@@ -30,14 +30,17 @@ template <typename T>
 size_t bias_gelu_bwd_workspace_bytes(int64_t rows, int64_t cols, const DeviceInfo& dev);
 
 // grad_input = grad_output * gelu'(input + bias) (grad_input may be grad_output); grad_bias[c] =
-// sum over rows of grad_input[:, c] (fp32 sums, deterministic). bias may be null; grad_bias may be
-// null (then workspace may be too).
+// sum over rows of grad_input[:, c] (fp32 sums, deterministic); output, where not null, =
+// gelu(input + bias), the forward's output recomputed from the input this pass reads anyway
+// (fused_mlp's recompute_activation). bias may be null; grad_bias may be null (then workspace
+// may be too).
 template <typename T>
 cudaError_t bias_gelu_bwd_cuda(const T* grad_output,  // [rows, cols]
                                const T* input,        // [rows, cols]
                                const T* bias,         // [cols] or null
                                T* grad_input,         // [rows, cols]
                                T* grad_bias,          // [cols] or null
+                               T* output,             // [rows, cols] or null
                                void* workspace,       // bias_gelu_bwd_workspace_bytes<T>()
                                int64_t rows, int64_t cols, GeluApprox approx, const DeviceInfo& dev,
                                cudaStream_t stream);

@@ -5,7 +5,8 @@
 //                   one CUTLASS GEMM with the erf GELU in its epilogue (gemm_gelu_sm90.h)
 //            fc2 = GEMM + bias (BIAS)
 //   backward dW2 + db2 (BGRADB); dact = plain GEMM, then the bias_gelu backward kernel in place
-//            (dpre and a deterministic db1); dW1 and dx plain GEMMs. Not used: cuBLASLt's DGELU
+//            (dpre, a deterministic db1 and, with recompute_activation, act for dW2); dW1 and
+//            dx plain GEMMs. Not used: cuBLASLt's DGELU
 //            epilogue for dpre. Its sm90 kernel (a 128x128 tile on one warpgroup) and the column
 //            sum db1 then needs took 90 + 23 us at T = 8192, D = 768 and 134 + 30 at D = 1024
 //            (H200, bf16), against 51 + 40 and 101 + 53 for the plain GEMM and this kernel: the
@@ -576,13 +577,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
   const auto opts = x.options();
   std::array<at::Tensor, 5> g;  // dx, dw1, db1, dw2, db2
 
-  // dpre first, freed at the end of its block, before dW2 and a recomputed act are allocated:
-  // the saved pre and act live until this returns, so the peak is what lives beside them.
+  // act for dW2: saved, or (recompute_activation) written by the kernel that makes dpre, from the
+  // pre it reads anyway, else recomputed below. The recompute then costs a write of act, not a
+  // pass of its own (read pre, write act) and a launch; the price is act living beside dpre.
+  const bool act_saved = act.sizes() == pre.sizes();
+  at::Tensor act2 = act_saved ? act.reshape({p.rows, p.hidden}).contiguous() : at::Tensor();
+  // dpre first, freed at the end of its block, before dW2 is allocated: the saved pre and act
+  // live until this returns, so the peak is what lives beside them.
   if (mask[0] || mask[1] || mask[2]) {
     // dpre = (dy @ w2) * gelu'(pre), written over dact, and db1 from the same kernel.
     at::Tensor dact = at::empty({p.rows, p.hidden}, opts);
     gemm_into(dact, dy2, false, w2c, false);
-    auto [dpre, db1] = bias_gelu_rows_bwd_cuda(dact, pre2, at::Tensor(), p.approx, mask[2], true);
+    if (mask[3] && !act_saved) act2 = at::empty({p.rows, p.hidden}, opts);
+    // A saved act is read, never written (its bits are the forward's).
+    auto [dpre, db1] = bias_gelu_rows_bwd_cuda(dact, pre2, at::Tensor(), p.approx, mask[2], true,
+                                               act_saved ? at::Tensor() : act2);
     if (mask[1]) g[1] = weight_grad(w1, dpre, true, x2, false);
     if (mask[0]) {
       g[0] = at::empty({p.rows, p.in}, opts);
@@ -591,9 +600,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_bwd(
     g[2] = db1;
   }
   if (mask[3]) {
-    const at::Tensor act2 = act.sizes() == pre.sizes()
-                                ? act.reshape({p.rows, p.hidden}).contiguous()
-                                : bias_gelu_rows_fwd_cuda(pre2, at::Tensor(), p.approx);
+    if (!act2.defined()) act2 = bias_gelu_rows_fwd_cuda(pre2, at::Tensor(), p.approx);
     // dW2 = dy.T @ act; BGRADB sums dy over the rows (the GEMM's k) into db2.
     bool fused = false;
     if (mask[4] && !transposed_weight(w2) && bias_grad_in_epilogue(p.out, p.hidden, p.rows)) {
