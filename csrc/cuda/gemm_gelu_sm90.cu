@@ -1,10 +1,10 @@
 // The CUTLASS 3 GEMM of gemm_gelu_sm90.h. One configuration, measured against the others on an
 // H200 (bf16, T = 8192 rows, hidden = 4 * in; bench/results/h200-fused_mlp-cutlass-erf.txt): the
-// cooperative kernel on 128x256 tiles, no cluster (76 us at in = 768 where cuBLASLt's GEMM with
-// the bias epilogue takes 59 and that GEMM + the bias_gelu kernel ~86; 123 us at in = 1024).
+// cooperative kernel on 128x256 tiles, no cluster (76 us at in = 768, where cuBLASLt's GEMM with
+// the bias epilogue alone takes 59 and eager's GEMM + GELU 94; 123 us at in = 1024).
 // Both consumer warpgroups run the epilogue after a tile's mainloop, so the GELU's ~15
 // instructions per element add to the tile's time: at in = 4096 the kernel is slower than
-// cuBLASLt + bias_gelu, and fused_mlp calls it only up to in = 1024 (mlp.cpp). Pingpong, which
+// eager's GEMM + GELU, and fused_mlp calls it only up to in = 1024 (mlp.cpp). Pingpong, which
 // overlaps one warpgroup's epilogue with the other's MMAs, ran slower at these K (100-186 us).
 // Writing the pre-activation too (training) cost 26 us more at in = 768: slower than cuBLASLt +
 // bias_gelu, so training keeps that path.
@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "common/math.h"
+#include "common/vec.cuh"
 #endif
 
 namespace fusedops {
@@ -94,8 +95,6 @@ template <typename T>
 using CutlassType =
     std::conditional_t<std::is_same_v<T, __half>, cutlass::half_t, cutlass::bfloat16_t>;
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 bool gemm_gelu_sm90_built() { return true; }
@@ -106,8 +105,8 @@ bool gemm_gelu_sm90(const T* x, const T* w, const T* bias, T* act, int64_t rows,
   using E = CutlassType<T>;
   constexpr int64_t kMaxInt = 0x7fffffff;
   if (rows <= 0 || in <= 0 || hidden <= 0 || rows > kMaxInt || in > kMaxInt || hidden > kMaxInt ||
-      in % 8 != 0 || hidden % 8 != 0 || !aligned16(x) || !aligned16(w) || !aligned16(act) ||
-      (bias != nullptr && !aligned16(bias))) {
+      in % 8 != 0 || hidden % 8 != 0 || !is_aligned16(x) || !is_aligned16(w) ||
+      !is_aligned16(act) || (bias != nullptr && !is_aligned16(bias))) {
     return false;
   }
   return GemmGelu<E>::run(reinterpret_cast<const E*>(x), reinterpret_cast<const E*>(w),
