@@ -31,7 +31,8 @@ build() {
   TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} FUSEDOPS_CUDA=1 MAX_JOBS=$(nproc) \
     python3 setup.py -q build_ext --inplace >"$RESULTS/build.log" 2>&1
   local rc=$?
-  grep -E "error|warning" "$RESULTS/build.log" | grep -v "Wunknown-pragmas" | head -20
+  # (CUTLASS: whether fused_mlp's Hopper GEMM is built: pip's nvidia-cutlass, or its wheel, installed)
+  grep -E "error|warning|CUTLASS" "$RESULTS/build.log" | grep -v "Wunknown-pragmas" | head -20
   [ $rc = 0 ] && python3 -m fusedops
 }
 
