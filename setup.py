@@ -278,7 +278,6 @@ def extensions():
                 extra_compile_args={"cxx": cxx},
                 extra_link_args=link_args,
                 define_macros=macros,
-                py_limited_api=True,
             )
         ]
 
@@ -313,7 +312,6 @@ def extensions():
             extra_link_args=[f"-Wl,-rpath,{lt_dir}", *link_args],
             extra_compile_args={"cxx": cxx, "nvcc": nvcc},
             define_macros=macros,
-            py_limited_api=True,
         )
     ]
 
@@ -325,7 +323,6 @@ def main():
     setup(
         ext_modules=ext_modules,
         cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-        options={"bdist_wheel": {"py_limited_api": "cp310"}},
     )
 
 

@@ -12,15 +12,11 @@
 #include <string>
 #include <tuple>
 
+#include "autograd/forward_ops.h"
 #include "common/autocast.h"
 #include "common/autograd.h"
 
 namespace fusedops {
-namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-using OptTensor = c10::optional<at::Tensor>;
 
 at::Tensor bias_gelu_fwd_op(const at::Tensor& input, const at::Tensor& bias,
                             c10::string_view approximate) {
@@ -29,6 +25,12 @@ at::Tensor bias_gelu_fwd_op(const at::Tensor& input, const at::Tensor& bias,
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
   return op.call(input, bias, approximate);
 }
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using OptTensor = c10::optional<at::Tensor>;
 
 std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd_op(const at::Tensor& grad_output,
                                                     const at::Tensor& input, const at::Tensor& bias,

@@ -12,16 +12,14 @@
 #include <optional>
 #include <tuple>
 
+#include "autograd/forward_ops.h"
 #include "common/autocast.h"
 #include "common/autograd.h"
 
 namespace fusedops {
-namespace {
 
 using at::IntArrayRef;
 using at::Tensor;
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 using OptTensor = std::optional<Tensor>;
 
 std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_op(const Tensor& input,
@@ -36,6 +34,20 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_fwd_op(const Tensor& input,
   return op.call(input, normalized_shape, weight, bias, eps);
 }
 
+std::tuple<Tensor, Tensor> rms_norm_fwd_op(const Tensor& input, IntArrayRef normalized_shape,
+                                           const OptTensor& weight, std::optional<double> eps) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("fusedops::rms_norm_fwd", "")
+                       .typed<std::tuple<Tensor, Tensor>(
+                           const Tensor&, IntArrayRef, const OptTensor&, std::optional<double>)>();
+  return op.call(input, normalized_shape, weight, eps);
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
 std::tuple<OptTensor, OptTensor, OptTensor> layer_norm_bwd_op(
     const Tensor& grad_out, const Tensor& input, IntArrayRef normalized_shape, const Tensor& mean,
     const Tensor& rstd, const OptTensor& weight, const OptTensor& bias,
@@ -46,15 +58,6 @@ std::tuple<OptTensor, OptTensor, OptTensor> layer_norm_bwd_op(
                            const Tensor&, const Tensor&, IntArrayRef, const Tensor&, const Tensor&,
                            const OptTensor&, const OptTensor&, std::array<bool, 3>)>();
   return op.call(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask);
-}
-
-std::tuple<Tensor, Tensor> rms_norm_fwd_op(const Tensor& input, IntArrayRef normalized_shape,
-                                           const OptTensor& weight, std::optional<double> eps) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fusedops::rms_norm_fwd", "")
-                       .typed<std::tuple<Tensor, Tensor>(
-                           const Tensor&, IntArrayRef, const OptTensor&, std::optional<double>)>();
-  return op.call(input, normalized_shape, weight, eps);
 }
 
 std::tuple<OptTensor, OptTensor> rms_norm_bwd_op(const Tensor& grad_out, const Tensor& input,

@@ -7,14 +7,11 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include "autograd/forward_ops.h"
 #include "common/autocast.h"
 #include "common/autograd.h"
 
 namespace fusedops {
-namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 
 at::Tensor softmax_fwd_op(const at::Tensor& input, int64_t dim, bool log) {
   static auto op = c10::Dispatcher::singleton()
@@ -22,6 +19,11 @@ at::Tensor softmax_fwd_op(const at::Tensor& input, int64_t dim, bool log) {
                        .typed<at::Tensor(const at::Tensor&, int64_t, bool)>();
   return op.call(input, dim, log);
 }
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
 
 at::Tensor softmax_bwd_op(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                           bool log) {

@@ -1,0 +1,135 @@
+"""The functional forwards' direct calls (csrc/python_module.cpp): the same op through the
+dispatcher as the OpOverload, taken only for arguments exactly of the schema's types; anything
+else (a Tensor subclass, a torch function mode, another Python type) returns NotImplemented and
+the function falls back to the OpOverload, so modes, subclasses and errors behave as before."""
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fusedops
+from fusedops import _C
+
+OPS = {
+    "softmax": torch.ops.fusedops.softmax_fwd.default,
+    "log_softmax": torch.ops.fusedops.softmax_fwd.default,
+    "layer_norm": torch.ops.fusedops.layer_norm_fwd.default,
+    "rms_norm": torch.ops.fusedops.rms_norm_fwd.default,
+    "bias_gelu": torch.ops.fusedops.bias_gelu_fwd.default,
+}
+
+
+def _calls(x, w, b):
+    """name -> (the public function's call, _C's direct call with the op's arguments)."""
+    return {
+        "softmax": (lambda: fusedops.softmax(x, -1), (_C.softmax, (x, -1, False))),
+        "log_softmax": (lambda: fusedops.log_softmax(x, 0), (_C.softmax, (x, 0, True))),
+        "layer_norm": (
+            lambda: fusedops.layer_norm(x, (8,), w, b, 1e-5),
+            (_C.layer_norm, (x, (8,), w, b, 1e-5)),
+        ),
+        "rms_norm": (lambda: fusedops.rms_norm(x, [8], w), (_C.rms_norm, (x, [8], w, None))),
+        "bias_gelu": (lambda: fusedops.bias_gelu(x, b, "tanh"), (_C.bias_gelu, (x, b, "tanh"))),
+    }
+
+
+def _inputs(requires_grad=False):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 8, generator=g, requires_grad=requires_grad)
+    return x, torch.randn(8, generator=g), torch.randn(8, generator=g)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_direct_call_is_the_op(name):
+    x, w, b = _inputs()
+    call, (direct, args) = _calls(x, w, b)[name]
+    expected = OPS[name](*args)
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    torch.testing.assert_close(direct(*args), expected, rtol=0, atol=0)
+    torch.testing.assert_close(call(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_direct_call_records_autograd(name):
+    x, w, b = _inputs(requires_grad=True)
+    _, (direct, args) = _calls(x, w, b)[name]
+    out = direct(*args)
+    assert out.grad_fn is not None
+    (gx,) = torch.autograd.grad(out.square().sum(), x)
+    x2 = x.detach().requires_grad_()
+    ref = OPS[name](x2, *args[1:])
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    (gx2,) = torch.autograd.grad(ref.square().sum(), x2)
+    torch.testing.assert_close(gx, gx2, rtol=0, atol=0)
+
+
+class _Subclass(torch.Tensor):
+    pass
+
+
+def test_direct_call_declines_what_it_does_not_take():
+    x, w, b = _inputs()
+    declined = [
+        (_C.softmax, (x.as_subclass(_Subclass), -1, False)),  # a subclass: its __torch_function__
+        (_C.softmax, (x, True, False)),  # a bool for the int dim
+        (_C.softmax, (x, -1)),  # too few arguments
+        (_C.layer_norm, (x, 8, w, b, 1e-5)),  # an int for int[] (the function wraps it)
+        (_C.layer_norm, (x, (8,), w, b, 0)),  # an int for the float eps
+        (_C.layer_norm, (x, (8,), w.numpy(), b, 1e-5)),  # not a tensor
+        (_C.rms_norm, (x, (8.0,), w, None)),
+        (_C.bias_gelu, (x, b, None)),
+    ]
+    for direct, args in declined:
+        assert direct(*args) is NotImplemented, args
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_torch_function_mode_sees_the_op(name):
+    """Under a torch function mode the function takes the OpOverload, which the mode sees."""
+    seen = []
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x, w, b = _inputs()
+    call, (direct, args) = _calls(x, w, b)[name]
+    with Record():
+        assert direct(*args) is NotImplemented
+        call()
+    assert OPS[name] in seen
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_torch_dispatch_mode_sees_the_op(name):
+    """The direct call goes through the dispatcher: a dispatch mode sees the same op."""
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x, w, b = _inputs()
+    _, (direct, args) = _calls(x, w, b)[name]
+    with Record():
+        direct(*args)
+    assert OPS[name] in seen
+
+
+def test_subclass_falls_back_and_keeps_its_type():
+    x, _, _ = _inputs()
+    out = fusedops.softmax(x.as_subclass(_Subclass), -1)
+    assert type(out) is _Subclass
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), torch.softmax(x, -1))
+
+
+def test_direct_call_errors_name_the_function():
+    with pytest.raises(TypeError, match="fusedops.softmax: input must be float32"):
+        _C.softmax(torch.ones(3, dtype=torch.int32), -1, False)
+    with pytest.raises(IndexError, match="fusedops.log_softmax: dim=5"):
+        fusedops.log_softmax(torch.ones(3, 4), 5)
+    with pytest.raises(ValueError, match="fusedops.bias_gelu: approximate"):
+        fusedops.bias_gelu(torch.ones(2, 3), torch.ones(3), "fast")
