@@ -29,24 +29,11 @@ template <typename T>
 struct Arg;
 
 // A Tensor or Parameter, not a subclass (whose __torch_function__ the OpOverload runs).
-bool is_plain_tensor(PyObject* o) { return THPVariable_CheckExact(o); }
-
 template <>
 struct Arg<const at::Tensor&> {
   using type = at::Tensor;
   static bool from(PyObject* o, type& out) {
-    if (!is_plain_tensor(o)) return false;
-    out = THPVariable_Unpack(o);
-    return true;
-  }
-};
-
-template <>
-struct Arg<const std::optional<at::Tensor>&> {
-  using type = std::optional<at::Tensor>;
-  static bool from(PyObject* o, type& out) {
-    if (o == Py_None) return true;
-    if (!is_plain_tensor(o)) return false;
+    if (!THPVariable_CheckExact(o)) return false;
     out = THPVariable_Unpack(o);
     return true;
   }
@@ -83,16 +70,22 @@ struct Arg<double> {
   }
 };
 
-template <>
-struct Arg<std::optional<double>> {
-  using type = std::optional<double>;
+// None, or what Arg<T> takes.
+template <typename T>
+struct OptionalArg {
+  using type = std::optional<typename Arg<T>::type>;
   static bool from(PyObject* o, type& out) {
     if (o == Py_None) return true;
-    if (!PyFloat_CheckExact(o)) return false;
-    out = PyFloat_AS_DOUBLE(o);
+    typename Arg<T>::type value;
+    if (!Arg<T>::from(o, value)) return false;
+    out = std::move(value);
     return true;
   }
 };
+template <>
+struct Arg<const std::optional<at::Tensor>&> : OptionalArg<const at::Tensor&> {};
+template <>
+struct Arg<std::optional<double>> : OptionalArg<double> {};
 
 // A tuple (torch.Size too) or list of Python ints.
 template <>
