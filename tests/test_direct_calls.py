@@ -34,15 +34,15 @@ def _calls(x, w, b):
     }
 
 
-def _inputs(requires_grad=False):
+def _inputs(device, requires_grad=False):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(5, 8, generator=g, requires_grad=requires_grad)
-    return x, torch.randn(8, generator=g), torch.randn(8, generator=g)
+    x, w, b = (torch.randn(n, generator=g).to(device) for n in ((5, 8), 8, 8))
+    return x.requires_grad_(requires_grad), w, b
 
 
 @pytest.mark.parametrize("name", list(OPS))
-def test_direct_call_is_the_op(name):
-    x, w, b = _inputs()
+def test_direct_call_is_the_op(name, device):
+    x, w, b = _inputs(device)
     call, (direct, args) = _calls(x, w, b)[name]
     expected = OPS[name](*args)
     expected = expected[0] if isinstance(expected, tuple) else expected
@@ -51,8 +51,8 @@ def test_direct_call_is_the_op(name):
 
 
 @pytest.mark.parametrize("name", list(OPS))
-def test_direct_call_records_autograd(name):
-    x, w, b = _inputs(requires_grad=True)
+def test_direct_call_records_autograd(name, device):
+    x, w, b = _inputs(device, requires_grad=True)
     _, (direct, args) = _calls(x, w, b)[name]
     out = direct(*args)
     assert out.grad_fn is not None
@@ -68,15 +68,15 @@ class _Subclass(torch.Tensor):
     pass
 
 
-def test_direct_call_declines_what_it_does_not_take():
-    x, w, b = _inputs()
+def test_direct_call_declines_what_it_does_not_take(device):
+    x, w, b = _inputs(device)
     declined = [
         (_C.softmax, (x.as_subclass(_Subclass), -1, False)),  # a subclass: its __torch_function__
         (_C.softmax, (x, True, False)),  # a bool for the int dim
         (_C.softmax, (x, -1)),  # too few arguments
         (_C.layer_norm, (x, 8, w, b, 1e-5)),  # an int for int[] (the function wraps it)
         (_C.layer_norm, (x, (8,), w, b, 0)),  # an int for the float eps
-        (_C.layer_norm, (x, (8,), w.numpy(), b, 1e-5)),  # not a tensor
+        (_C.layer_norm, (x, (8,), w.tolist(), b, 1e-5)),  # not a tensor
         (_C.rms_norm, (x, (8.0,), w, None)),
         (_C.bias_gelu, (x, b, None)),
     ]
@@ -85,7 +85,7 @@ def test_direct_call_declines_what_it_does_not_take():
 
 
 @pytest.mark.parametrize("name", list(OPS))
-def test_torch_function_mode_sees_the_op(name):
+def test_torch_function_mode_sees_the_op(name, device):
     """Under a torch function mode the function takes the OpOverload, which the mode sees."""
     seen = []
 
@@ -94,7 +94,7 @@ def test_torch_function_mode_sees_the_op(name):
             seen.append(func)
             return func(*args, **(kwargs or {}))
 
-    x, w, b = _inputs()
+    x, w, b = _inputs(device)
     call, (direct, args) = _calls(x, w, b)[name]
     with Record():
         assert direct(*args) is NotImplemented
@@ -103,7 +103,7 @@ def test_torch_function_mode_sees_the_op(name):
 
 
 @pytest.mark.parametrize("name", list(OPS))
-def test_torch_dispatch_mode_sees_the_op(name):
+def test_torch_dispatch_mode_sees_the_op(name, device):
     """The direct call goes through the dispatcher: a dispatch mode sees the same op."""
     seen = []
 
@@ -112,15 +112,15 @@ def test_torch_dispatch_mode_sees_the_op(name):
             seen.append(func)
             return func(*args, **(kwargs or {}))
 
-    x, w, b = _inputs()
+    x, w, b = _inputs(device)
     _, (direct, args) = _calls(x, w, b)[name]
     with Record():
         direct(*args)
     assert OPS[name] in seen
 
 
-def test_subclass_falls_back_and_keeps_its_type():
-    x, _, _ = _inputs()
+def test_subclass_falls_back_and_keeps_its_type(device):
+    x, _, _ = _inputs(device)
     out = fusedops.softmax(x.as_subclass(_Subclass), -1)
     assert type(out) is _Subclass
     torch.testing.assert_close(out.as_subclass(torch.Tensor), torch.softmax(x, -1))
