@@ -7,9 +7,9 @@
 // These convert the arguments straight to the op's C++ types and call the same op through the
 // dispatcher, unboxed (~1.8 µs): autograd, autocast, profilers, tracers and __torch_dispatch__
 // see the same op as before. Anything they don't take as it is (a Tensor subclass, a torch
-// function mode, an argument of another Python type) returns
-// NotImplemented, and the caller falls back to the OpOverload, which handles it or names the
-// error. Under torch.compile the callers use the OpOverload, which dynamo traces.
+// function mode, an argument of another Python type) returns NotImplemented, and the caller
+// falls back to the OpOverload, which handles it or names the error. Under torch.compile the
+// callers use the OpOverload, which dynamo traces.
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>

@@ -53,8 +53,8 @@ def _approximate(op: str, value) -> None:
 # The ops, looked up once: host cost per call counts on small tensors. Outside torch.compile each
 # function first tries _C's direct call of its op (csrc/python_module.cpp: the same op through the
 # dispatcher, without the OpOverload's boxed argument parsing, ~1 µs less per call); it returns
-# NotImplemented for what only the OpOverload takes (a Tensor subclass with __torch_function__, a
-# torch function mode, arguments of other Python types), which then checks and calls as before.
+# NotImplemented for what only the OpOverload takes (a Tensor subclass, a torch function mode,
+# arguments of other Python types), which then checks and calls as before.
 _is_compiling = torch.compiler.is_compiling
 _softmax_fwd = ops.softmax_fwd.default
 _layer_norm_fwd = ops.layer_norm_fwd.default
