@@ -141,12 +141,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The backward's body. Where dbias is not null, this block's column sums of dx go to
-// partial[blockIdx.y * ld + col], or straight to dbias where the grid is one block row. Where y
-// is not null, the forward's output gelu(x + bias) goes there too (the same GELU terms: the
-// compiler shares them between the value and its derivative). dx may be dy (written in place:
-// each element is read, then written, by the same thread), so neither is __restrict__. kSumOnly:
-// dx = dy, of which only the column sums are made (x, bias, dx and y unused).
-template <typename T, int VEC, GeluApprox kApprox, bool kSumOnly>
+// partial[blockIdx.y * ld + col], or straight to dbias where the grid is one block row. kOutput:
+// the forward's output gelu(x + bias) goes to y too (the same GELU terms: the compiler shares them
+// between the value and its derivative); a template parameter, not a test of y, since the kernel
+// that may write y needs 101 registers where the one that never does needs 80 (sm_90, bf16):
+// three blocks per SM instead of two. dx may be dy (written in place: each element is read, then
+// written, by the same thread), so neither is __restrict__. kSumOnly: dx = dy, of which only the
+// column sums are made (x, bias, dx and y unused).
+template <typename T, int VEC, GeluApprox kApprox, bool kSumOnly, bool kOutput>
 __device__ __forceinline__ void bias_gelu_bwd_rows(
     const T* dy,                     // [rows, cols]
     const T* __restrict__ x,         // [rows, cols]
@@ -186,7 +188,7 @@ __device__ __forceinline__ void bias_gelu_bwd_rows(
           widen(g[u], d);
           if constexpr (!kSumOnly) {
             widen(v[u], xv);
-            if (y != nullptr) {  // uniform over the grid
+            if constexpr (kOutput) {
               Acc out[VEC];
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
@@ -231,13 +233,14 @@ __device__ __forceinline__ void bias_gelu_bwd_rows(
   }
 }
 
-template <typename T, int VEC, GeluApprox kApprox>
+template <typename T, int VEC, GeluApprox kApprox, bool kOutput>
 __global__ void __launch_bounds__(kThreads)
     bias_gelu_bwd_kernel(const T* dy, const T* __restrict__ x, const T* __restrict__ bias, T* dx,
                          T* dbias, T* __restrict__ y, acc_t<T>* __restrict__ partial, int64_t ld,
                          int64_t rows, int64_t cols) {
   sm90::grid_dependency_wait();
-  bias_gelu_bwd_rows<T, VEC, kApprox, false>(dy, x, bias, dx, dbias, y, partial, ld, rows, cols);
+  bias_gelu_bwd_rows<T, VEC, kApprox, false, kOutput>(dy, x, bias, dx, dbias, y, partial, ld, rows,
+                                                      cols);
 }
 
 // A bias gradient alone (fused_mlp's db2 where no epilogue sums it):
@@ -247,8 +250,8 @@ __global__ void __launch_bounds__(kThreads)
     column_sum_kernel(const T* dy, T* sum, acc_t<T>* __restrict__ partial, int64_t ld, int64_t rows,
                       int64_t cols) {
   sm90::grid_dependency_wait();
-  bias_gelu_bwd_rows<T, VEC, GeluApprox::kNone, true>(dy, nullptr, nullptr, nullptr, sum, nullptr,
-                                                      partial, ld, rows, cols);
+  bias_gelu_bwd_rows<T, VEC, GeluApprox::kNone, true, false>(dy, nullptr, nullptr, nullptr, sum,
+                                                             nullptr, partial, ld, rows, cols);
 }
 
 template <typename T, int VEC, GeluApprox kApprox>
@@ -265,8 +268,10 @@ cudaError_t launch_bwd(const T* dy, const T* x, const T* bias, T* dx, T* dbias, 
                        cudaStream_t stream) {
   const Tiling t = bwd_tiling(rows, cols / VEC, dev);
   const int64_t ld = partial_rows::ld(cols);
-  const cudaError_t err = launch(bias_gelu_bwd_kernel<T, VEC, kApprox>, t.grid, t.block, dev,
-                                 stream, dy, x, bias, dx, dbias, y, partial, ld, rows, cols);
+  const auto kernel = y != nullptr ? bias_gelu_bwd_kernel<T, VEC, kApprox, true>
+                                   : bias_gelu_bwd_kernel<T, VEC, kApprox, false>;
+  const cudaError_t err = launch(kernel, t.grid, t.block, dev, stream, dy, x, bias, dx, dbias, y,
+                                 partial, ld, rows, cols);
   if (err != cudaSuccess || dbias == nullptr || t.grid.y == 1) return err;
   return partial_rows::sum<acc_t<T>, T>(partial, dbias, nullptr, nullptr, t.grid.y, ld, cols, dev,
                                         stream);
