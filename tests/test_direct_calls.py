@@ -133,3 +133,19 @@ def test_direct_call_errors_name_the_function():
         fusedops.log_softmax(torch.ones(3, 4), 5)
     with pytest.raises(ValueError, match="fusedops.bias_gelu: approximate"):
         fusedops.bias_gelu(torch.ones(2, 3), torch.ones(3), "fast")
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:FutureWarning")
+def test_tracers_record_the_op():
+    """torch.jit.trace (the dispatcher's tracer) and make_fx (a dispatch mode, plain tensors in)
+    record the op the direct call dispatches, as they did through the OpOverload."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        return fusedops.softmax(x, -1) + fusedops.layer_norm(x, (8,))
+
+    x, _, _ = _inputs("cpu")
+    kinds = [n.kind() for n in torch.jit.trace(f, (x,)).graph.nodes()]
+    assert "fusedops::softmax_fwd" in kinds and "fusedops::layer_norm_fwd" in kinds
+    targets = [n.target for n in make_fx(f)(x).graph.nodes if n.op == "call_function"]
+    assert OPS["softmax"] in targets and OPS["layer_norm"] in targets
