@@ -84,38 +84,31 @@ def test_direct_call_declines_what_it_does_not_take(device):
         assert direct(*args) is NotImplemented, args
 
 
+def _recording(mode: type, seen: list):
+    """A torch function or dispatch mode that records every op it sees and runs it."""
+
+    def record(self, func, types, args=(), kwargs=None):
+        seen.append(func)
+        return func(*args, **(kwargs or {}))
+
+    hook = "__torch_function__" if mode is TorchFunctionMode else "__torch_dispatch__"
+    return type("Record", (mode,), {hook: record})()
+
+
+@pytest.mark.parametrize("mode", [TorchFunctionMode, TorchDispatchMode])
 @pytest.mark.parametrize("name", list(OPS))
-def test_torch_function_mode_sees_the_op(name, device):
-    """Under a torch function mode the function takes the OpOverload, which the mode sees."""
+def test_modes_see_the_op(name, mode, device):
+    """Under a torch function mode the direct call declines and the function takes the
+    OpOverload, which the mode sees; a dispatch mode sees the op the direct call dispatches."""
     seen = []
-
-    class Record(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
-
     x, w, b = _inputs(device)
     call, (direct, args) = _calls(x, w, b)[name]
-    with Record():
-        assert direct(*args) is NotImplemented
-        call()
-    assert OPS[name] in seen
-
-
-@pytest.mark.parametrize("name", list(OPS))
-def test_torch_dispatch_mode_sees_the_op(name, device):
-    """The direct call goes through the dispatcher: a dispatch mode sees the same op."""
-    seen = []
-
-    class Record(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
-
-    x, w, b = _inputs(device)
-    _, (direct, args) = _calls(x, w, b)[name]
-    with Record():
-        direct(*args)
+    with _recording(mode, seen):
+        if mode is TorchFunctionMode:
+            assert direct(*args) is NotImplemented
+            call()
+        else:
+            direct(*args)
     assert OPS[name] in seen
 
 
