@@ -40,6 +40,23 @@ __device__ __forceinline__ T group_allreduce(T v, Op op) {
   return v;
 }
 
+// op over the `warps` per-warp partials part[0, warps), in every lane of the calling warp. Each
+// aligned group of `span` lanes (warps rounded up to a power of two) holds a copy, so the
+// butterfly takes log2(span) steps rather than 5: the same operations the 32-lane butterfly
+// applies to the partials, whose first steps only fold in identities (each step is a shuffle's
+// latency on the path between a block's two barriers).
+template <typename T, typename Op>
+__device__ __forceinline__ T partials_allreduce(const T* part, int warps, Op op) {
+  const int span = warps > 1 ? 1 << (32 - __clz(warps - 1)) : 1;
+  const int i = threadIdx.x % 32 & (span - 1);
+  T v = i < warps ? part[i] : Op::template identity<T>();
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    if (offset < span) v = op(v, shuffle_xor<32>(v, offset));
+  }
+  return v;
+}
+
 // All threads of the block (blockDim.x a multiple of 32) get op over every thread's v.
 // scratch: 32 slots of shared memory; it is free again when this returns.
 template <typename T, typename Op>
@@ -49,8 +66,7 @@ __device__ __forceinline__ T block_allreduce(T v, Op op, T* scratch) {
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   // Every warp reduces the per-warp partials itself: no second broadcast barrier.
-  v = lane < int(blockDim.x / 32) ? scratch[lane] : Op::template identity<T>();
-  v = group_allreduce<32>(v, op);
+  v = partials_allreduce(scratch, int(blockDim.x / 32), op);
   __syncthreads();  // scratch may be rewritten by the caller's next reduction
   return v;
 }

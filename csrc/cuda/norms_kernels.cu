@@ -160,8 +160,7 @@ __device__ __forceinline__ V team_allreduce(V v, Op op, const Team& team, V* scr
     const int warps = (team.ranks > 1 ? static_cast<int>(blockDim.x) : team.g) / kWarp;
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = lane < warps ? scratch[team.index * warps + lane] : Op::template identity<V>();
-    v = group_allreduce<kWarp>(v, op);
+    v = partials_allreduce(scratch + team.index * warps, warps, op);
     __syncthreads();  // scratch is rewritten by the next reduction
     v = cluster.exchange(v, op);
   }
@@ -912,6 +911,7 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
   constexpr int kChunks = kStages == 1 ? kPacks : 1;
   extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
   __shared__ uint64_t landed[kStages][kChunks];
+  __shared__ float2 stats[kStages];  // (mean, rstd) of each stage's row, where stats_staged
   __shared__ float2 scratch[kWarp];
   constexpr bool kRowInRegisters = kPacks == kBwdStagedPacks;  // else read from the stage
   const Team team = make_team<TeamKind::kBlock>(blockDim.x);
@@ -926,6 +926,21 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
   auto stage = [&](int s) {
     return reinterpret_cast<T*>(staged) + int64_t(2 * s) * slice_packs * VEC;
   };
+  // Each row's mean and rstd. Rows split over a cluster take them with the row's x and dy,
+  // kStages rows ahead (Nsight Compute, H200, bf16 layer_norm: loaded from global memory, their
+  // wait held 13% of the warps' stall samples at 16384x4096, 5% at 512x262144). H200,
+  // kernel-only % of copy, bf16 layer_norm / rms_norm 4096x32768 75.0 / 80.3 -> 88.0 / 90.6,
+  // 512x262144 59.1 / 79.1 -> 64.0 / 87.7; fp32 1024x131072 89.2 / 90.6 -> 93.7 / 94.8. A
+  // block's own rows load them itself, 16-bit rows a row ahead (loaded at their own row's top,
+  // the first pass waited on them: bf16 layer_norm 16384x4096 81.7 -> 89.3), fp32 rows at the
+  // row's top (a row ahead cost 2-10 points: 8192x8192 96.4 -> 87.0): through the stage they
+  // lost, for a reason not found (bf16 layer_norm 16384x4096 87.5 -> 79.2, fp32 89.2 -> 88.0).
+  const bool stats_staged = team.ranks > 1;
+  constexpr bool kStatsAhead = sizeof(T) == 2;
+  float next_mu = 0.f, next_rs = 0.f;
+  auto load_stats = [&](int64_t row) {
+    if (row < a.rows) next_mu = kRms ? 0.f : a.mean[row], next_rs = a.rstd[row];
+  };
   auto chunk_size = [&](int c) {  // packs; 0 for chunks past a short slice (never fetched)
     return max(0, min(chunk_packs, slice_packs - c * chunk_packs));
   };
@@ -933,6 +948,11 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
     const unsigned bytes = unsigned(chunk_size(c)) * unsigned(VEC * sizeof(T));
     const int64_t off = int64_t(c) * chunk_packs * VEC;
     if (bytes == 0) return;
+    if (c == 0 && stats_staged) {  // the row's mean and rstd land with its first chunk
+      if constexpr (!kRms) sm90::copy4_async(&stats[s].x, a.mean + row);
+      sm90::copy4_async(&stats[s].y, a.rstd + row);
+      sm90::mbar_arrive_on_copies(&landed[s][0]);
+    }
     sm90::mbar_arrive_expect(&landed[s][c], 2 * bytes);
     sm90::bulk_load(stage(s) + off, a.x + row * cols + col0 + off, bytes, &landed[s][c]);
     sm90::bulk_load(stage(s) + slice_packs * VEC + off, a.dy + row * cols + col0 + off, bytes,
@@ -970,28 +990,24 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
     }
   }
   __syncthreads();  // the barriers are initialized before anyone waits on them
+  if (!stats_staged && kStatsAhead) load_stats(first);
 
-  // 16-bit rows load the next row's mean and rstd at each row's top: loaded at their own row's
-  // top, the first pass waited on them (H200, % of copy: bf16 layer_norm 16384x4096 81.7 ->
-  // 89.3, rms_norm 8192x8192 83.8 -> 89.8; one cell lost, rms_norm 16384x4096 87.7 -> 82.6).
-  // fp32 rows load their own: a row ahead cost them 2-10 points (8192x8192 96.4 -> 87.0), their
-  // DRAM throughput falling with fewer stalls.
-  constexpr bool kStatsAhead = sizeof(T) == 2;
-  float next_mu = 0.f, next_rs = 0.f;
-  auto load_stats = [&](int64_t row) {
-    if (row < a.rows) next_mu = kRms ? 0.f : a.mean[row], next_rs = a.rstd[row];
-  };
-  if (kStatsAhead) load_stats(first);
   const float inv_cols = 1.f / static_cast<float>(cols);  // c1, c2: multiplies, not divisions
   int i = 0;
   for (int64_t row = first; row < a.rows; row += step, ++i) {
     const int s = i % kStages;
-    if (!kStatsAhead) load_stats(row);
-    const float mu = next_mu, rs = next_rs;
-    if (kStatsAhead) load_stats(row + step);
     auto wait = [&](int c) {  // chunk c of stage s has landed
       if (chunk_size(c) > 0) sm90::mbar_wait(&landed[s][c], (i / kStages) & 1);
     };
+    float mu, rs;
+    if (stats_staged) {
+      wait(0);
+      mu = kRms ? 0.f : stats[s].x, rs = stats[s].y;
+    } else {
+      if (!kStatsAhead) load_stats(row);
+      mu = next_mu, rs = next_rs;
+      if (kStatsAhead) load_stats(row + step);
+    }
     if constexpr (kChunks == 1) wait(0);
     const int64_t next = row + kStages * step;
     auto refill = [&] {  // stage s is no longer read: a later row's slices go in

@@ -206,8 +206,7 @@ __global__ void __launch_bounds__(kMaxThreads, Policy::kMinBlocksPerSm)
       const int warps = team_threads / 32;
       if (lane == 0) part[warp] = v;
       __syncthreads();
-      v = lane < warps ? part[team * warps + lane] : decltype(op)::template identity<V>();
-      v = group_allreduce<32>(v, op);
+      v = partials_allreduce(part + team * warps, warps, op);
     }
     ++k;
     return cluster.exchange(v, op);
