@@ -931,10 +931,11 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
   // wait held 13% of the warps' stall samples at 16384x4096, 5% at 512x262144). H200,
   // kernel-only % of copy, bf16 layer_norm / rms_norm 4096x32768 75.0 / 80.3 -> 88.0 / 90.6,
   // 512x262144 59.1 / 79.1 -> 64.0 / 87.7; fp32 1024x131072 89.2 / 90.6 -> 93.7 / 94.8. A
-  // block's own rows load them itself, 16-bit rows a row ahead (loaded at their own row's top,
-  // the first pass waited on them: bf16 layer_norm 16384x4096 81.7 -> 89.3), fp32 rows at the
-  // row's top (a row ahead cost 2-10 points: 8192x8192 96.4 -> 87.0): through the stage they
-  // lost, for a reason not found (bf16 layer_norm 16384x4096 87.5 -> 79.2, fp32 89.2 -> 88.0).
+  // block's own rows load them itself, as all rows did before: 16-bit rows a row ahead (at
+  // their own row's top, the first pass waited on them: bf16 layer_norm 16384x4096 81.7 ->
+  // 89.3), fp32 rows at the row's top (a row ahead had cost 2-10 points: 8192x8192 96.4 ->
+  // 87.0). Through the stage those rows lost, for a reason not found (bf16 layer_norm
+  // 16384x4096 87.5 -> 79.2, fp32 89.2 -> 88.0).
   const bool stats_staged = team.ranks > 1;
   constexpr bool kStatsAhead = sizeof(T) == 2;
   float next_mu = 0.f, next_rs = 0.f;
