@@ -42,7 +42,6 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kWarp = 32;
-constexpr int kMaxClusterRanks = 8;      // the portable cluster size (forward)
 constexpr int kMaxBwdClusterRanks = 16;  // backward, where the GPU allows this many (H100 does)
 static_assert(kMaxBwdClusterRanks <= sm90::kMaxRanks, "a cluster mailbox slot per block");
 constexpr int kFwdPacks = 4;     // per thread in forward teams (16-byte packs of x),
@@ -1321,7 +1320,7 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
     // 512-thread blocks; fp32 68 as 2 x 1024, 72 as 4 x 512; 1024x131072 bf16 50 as 4 x 1024,
     // 55 as 8 x 512. Clusters of 16 (non-portable) were no faster than 8 x 1024 or the loop.
     constexpr int kPacks = VEC > 1 ? kFwdPacks : kFwdScalars;
-    const int max_ranks = info.has_clusters() ? kMaxClusterRanks : 1;
+    const int max_ranks = info.has_clusters() ? sm90::kPortableRanks : 1;
     const std::pair<int, int> caps[] = {// threads per block, blocks per team
                                         {fwd_max_threads(kPacks), 1},
                                         {kFwdClusterThreads, max_ranks},
@@ -1373,7 +1372,7 @@ int bwd_resident(const BwdPlan<T, W>& p, const DeviceInfo& info) {
         fit *= info.sm_count;
       }
     } else {
-      if (l.ranks > kMaxClusterRanks &&
+      if (l.ranks > sm90::kPortableRanks &&
           cudaFuncSetAttribute(p.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
               cudaSuccess) {
         cudaGetLastError();
@@ -1386,7 +1385,7 @@ int bwd_resident(const BwdPlan<T, W>& p, const DeviceInfo& info) {
       if (cudaOccupancyMaxActiveClusters(&fit, p.kernel, &config) != cudaSuccess) fit = 0;
     }
     cudaGetLastError();  // a failed query leaves no error behind
-    if (fit < 1 && l.ranks <= kMaxClusterRanks) fit = std::max(1, info.sm_count / l.ranks);
+    if (fit < 1 && l.ranks <= sm90::kPortableRanks) fit = std::max(1, info.sm_count / l.ranks);
     return std::max(fit, 0);
   };
   return query_once(reinterpret_cast<const void*>(p.kernel), static_cast<int>(l.smem),

@@ -38,7 +38,6 @@ namespace row_stage {
 
 constexpr int kMaxThreads = 512;              // per block
 constexpr int kMaxReductions = 2;             // per row (layer_norm: mean, then variance)
-constexpr int kPortableRanks = 8;             // blocks per cluster that every sm_90+ GPU runs
 constexpr int kStaticSmem = 4 << 10;          // beside the staged rows: barrier, scratch
 constexpr unsigned kMaxCopyBytes = 32 << 10;  // per bulk copy instruction
 // Rows of kShortRowBytes and more are staged; shorter ones, down to a Policy's kMinRowBytes,
@@ -335,7 +334,7 @@ bool can_run(int smem, int ranks, int threads, const DeviceInfo& dev) {
   if (smem > opted) return false;
   if (ranks == 1) return true;
   return query_once(reinterpret_cast<const void*>(kKernel), smem * 32 + ranks, threads, [&](int) {
-           if (ranks > kPortableRanks &&
+           if (ranks > sm90::kPortableRanks &&
                cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
                    cudaSuccess) {
              cudaGetLastError();
@@ -364,8 +363,8 @@ bool try_launch(const typename Policy::Args& a, int64_t rows, int64_t cols, cons
   auto regs = [] { return registers_per_thread(kernel); };
   Plan p = plan<Policy>(rows, cols, VEC, sm90::kMaxRanks, dev, params, regs);
   if (p.ranks == 0 ||
-      (p.ranks > kPortableRanks && !can_run<kernel>(p.smem, p.ranks, p.threads, dev))) {
-    p = plan<Policy>(rows, cols, VEC, kPortableRanks, dev, params, regs);
+      (p.ranks > sm90::kPortableRanks && !can_run<kernel>(p.smem, p.ranks, p.threads, dev))) {
+    p = plan<Policy>(rows, cols, VEC, sm90::kPortableRanks, dev, params, regs);
   }
   if (p.ranks == 0 || !can_run<kernel>(p.smem, p.ranks, p.threads, dev)) return false;
   const int64_t blocks = (rows + p.teams - 1) / p.teams * p.ranks;

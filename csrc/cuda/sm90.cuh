@@ -11,7 +11,8 @@
 namespace fusedops {
 namespace sm90 {
 
-constexpr int kMaxRanks = 16;  // blocks per cluster (16 is non-portable; the H100 allows it)
+constexpr int kMaxRanks = 16;      // blocks per cluster (16 is non-portable; the H100 allows it)
+constexpr int kPortableRanks = 8;  // blocks per cluster that every sm_90+ GPU runs
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned smem_addr(const void* p) {

@@ -36,8 +36,6 @@ constexpr int kWarpTierMaxScalarPacks = 8;
 constexpr int kBlockTargetThreads = 512;
 constexpr int kTargetPacks = 4;
 constexpr int kBlockMaxThreads = 1024;
-constexpr int kMaxClusterRanks = 8;  // the portable cluster size
-static_assert(kMaxClusterRanks <= sm90::kMaxRanks, "a cluster mailbox slot per block");
 constexpr int kOnlineThreads = 512;
 constexpr int kRowRegisterWords = 32;  // 32-bit registers per thread for row data
 constexpr int kMaxPacks = 8;           // per thread; more spills under the 64-register cap
@@ -352,7 +350,7 @@ inline Plan plan(int64_t npacks, int vec, int items_max, const DeviceInfo& dev) 
   // Several packs per thread keep loads in flight (kTargetPacks, more only when needed); <= 512
   // threads per CTA let two CTAs share an SM, one reducing while the other loads. Longer rows
   // split over a cluster first, and only then do CTAs grow to 1024 threads.
-  const int max_ranks = dev.has_clusters() ? kMaxClusterRanks : 1;
+  const int max_ranks = dev.has_clusters() ? sm90::kPortableRanks : 1;
   for (int threads_cap : {kBlockTargetThreads, kBlockMaxThreads}) {
     for (int ranks = 1; ranks <= max_ranks; ranks *= 2) {
       const int64_t per_rank = ceil_div(npacks, ranks);
