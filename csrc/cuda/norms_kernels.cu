@@ -888,6 +888,7 @@ constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
 // (twice the warps) 4-14: x and dy in flight are not what holds it back
 // (bench/results/h200-norm-bwd-stages-blocks.txt).
 constexpr int kBwdStagedBlocksPerSm = 2, kBwdStagedBlocksPerSmFastDram = 3;
+constexpr int kBwdStatsInStageMinRanks = 4;  // 16-bit 2-pack rows (staged_bwd_plan)
 constexpr int kBwdStagedUncappedRanksFastDram = 16;
 template <int kPacks>
 constexpr int staged_bwd_min_blocks() {
@@ -901,7 +902,7 @@ __host__ __device__ constexpr int staged_bwd_stages(int packs) {
   return packs > kBwdStagedLongPacks ? 1 : kBwdStages;
 }
 
-template <typename T, typename W, bool kRms, int VEC, int kPacks>
+template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kStatsInStage>
 __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_blocks<kPacks>())
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -910,7 +911,7 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
   constexpr int kChunks = kStages == 1 ? kPacks : 1;
   extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
   __shared__ uint64_t landed[kStages][kChunks];
-  __shared__ float2 stats[kStages];  // (mean, rstd) of each stage's row, where stats_staged
+  __shared__ float2 stats[kStages];  // (mean, rstd) of each stage's row, kStatsInStage
   __shared__ float2 scratch[kWarp];
   constexpr bool kRowInRegisters = kPacks == kBwdStagedPacks;  // else read from the stage
   const Team team = make_team<TeamKind::kBlock>(blockDim.x);
@@ -925,17 +926,11 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
   auto stage = [&](int s) {
     return reinterpret_cast<T*>(staged) + int64_t(2 * s) * slice_packs * VEC;
   };
-  // Each row's mean and rstd. Rows split over a cluster take them with the row's x and dy,
-  // kStages rows ahead (Nsight Compute, H200, bf16 layer_norm: loaded from global memory, their
-  // wait held 13% of the warps' stall samples at 16384x4096, 5% at 512x262144). H200,
-  // kernel-only % of copy, bf16 layer_norm / rms_norm 4096x32768 75.0 / 80.3 -> 88.0 / 90.6,
-  // 512x262144 59.1 / 79.1 -> 64.0 / 87.7; fp32 1024x131072 89.2 / 90.6 -> 93.7 / 94.8. A
-  // block's own rows load them itself, as all rows did before: 16-bit rows a row ahead (at
-  // their own row's top, the first pass waited on them: bf16 layer_norm 16384x4096 81.7 ->
-  // 89.3), fp32 rows at the row's top (a row ahead had cost 2-10 points: 8192x8192 96.4 ->
-  // 87.0). Through the stage those rows lost, for a reason not found (bf16 layer_norm
-  // 16384x4096 87.5 -> 79.2, fp32 89.2 -> 88.0).
-  const bool stats_staged = team.ranks > 1;
+  // Each row's mean and rstd. With kStatsInStage (the plan's choice, staged_bwd_plan) they
+  // land with the row's x and dy, kStages rows ahead; otherwise each block loads them from global
+  // memory: 16-bit rows a row ahead (at their own row's top, the first pass waited on them: bf16
+  // layer_norm 16384x4096 81.7 -> 89.3), fp32 rows at the row's top (a row ahead had cost 2-10
+  // points: 8192x8192 96.4 -> 87.0).
   constexpr bool kStatsAhead = sizeof(T) == 2;
   float next_mu = 0.f, next_rs = 0.f;
   auto load_stats = [&](int64_t row) {
@@ -948,7 +943,7 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
     const unsigned bytes = unsigned(chunk_size(c)) * unsigned(VEC * sizeof(T));
     const int64_t off = int64_t(c) * chunk_packs * VEC;
     if (bytes == 0) return;
-    if (c == 0 && stats_staged) {  // the row's mean and rstd land with its first chunk
+    if (c == 0 && kStatsInStage) {  // the row's mean and rstd land with its first chunk
       if constexpr (!kRms) sm90::copy4_async(&stats[s].x, a.mean + row);
       sm90::copy4_async(&stats[s].y, a.rstd + row);
       sm90::mbar_arrive_on_copies(&landed[s][0]);
@@ -990,7 +985,7 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
     }
   }
   __syncthreads();  // the barriers are initialized before anyone waits on them
-  if (!stats_staged && kStatsAhead) load_stats(first);
+  if (!kStatsInStage && kStatsAhead) load_stats(first);
 
   const float inv_cols = 1.f / static_cast<float>(cols);  // c1, c2: multiplies, not divisions
   int i = 0;
@@ -1000,7 +995,7 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
       if (chunk_size(c) > 0) sm90::mbar_wait(&landed[s][c], (i / kStages) & 1);
     };
     float mu, rs;
-    if (stats_staged) {
+    if constexpr (kStatsInStage) {
       wait(0);
       mu = kRms ? 0.f : stats[s].x, rs = stats[s].y;
     } else {
@@ -1413,17 +1408,31 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
   if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < kBwdStagedMinRowBytes) return {};
   constexpr int kPacks = kBwdStagedPacks, kLongPacks = kBwdStagedLongPacks;
   constexpr int kChunkedPacks = kBwdLongElems / VEC;  // fp32: 8; 16-bit: kLongPacks, above
+  // Mean and rstd through the stage (kStatsInStage) where that measured faster: the longer
+  // rows' kernels, and 16-bit rows split over clusters of kBwdStatsInStageMinRanks or more. H200,
+  // kernel-only % of copy, bf16 layer_norm / rms_norm, from global memory -> through the stage:
+  // 8192x16384 84.9 / 91.6 -> 94.0 / 94.4, 4096x32768 74.9 / 80.3 -> 86.5 / 88.3, 2048x65536
+  // 59.1 / 62.4 -> 70.9 / 74.2, 512x262144 58.9 / 78.9 -> 63.2 / 86.4; fp32 1024x131072 88.5 /
+  // 94.0 -> 93.5 / 94.5. Slower through the stage: bf16 8192x8192 (clusters of 2) 88.7 / 89.5 ->
+  // 82.4 / 83.7, fp32 rows of the 2-pack kernel (8192x8192 97.0 / 89.9 -> 86.1 / 87.1). One
+  // kernel choosing the source at run time lost 18 points where it loaded them as before (bf16
+  // layer_norm 16384x4096, one block per row, 87.8 -> 69.8): each source has its own kernel.
+  // bench/results/h200-norm-bwd-stats-in-stage.txt.
   void (*kernel)(NormBwdArgs<T, W>, PartialRows<float>) =
-      norm_bwd_staged_kernel<T, W, kRms, VEC, kPacks>;
+      norm_bwd_staged_kernel<T, W, kRms, VEC, kPacks, false>;
   TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdStagedThreads, kMaxBwdClusterRanks);
+  if constexpr (sizeof(T) == 2) {
+    if (s.ranks >= kBwdStatsInStageMinRanks)
+      kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kPacks, true>;
+  }
   if (s.ranks == 0) {
     s = team_shape(a.cols, VEC, {kLongPacks}, kBwdStagedLongThreads, kMaxBwdClusterRanks);
-    kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kLongPacks>;
+    kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kLongPacks, true>;
   }
   if constexpr (kChunkedPacks > kLongPacks) {
     if (s.ranks == 0) {
       s = team_shape(a.cols, VEC, {kChunkedPacks}, kBwdStagedLongThreads, kMaxBwdClusterRanks);
-      kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kChunkedPacks>;
+      kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kChunkedPacks, true>;
     }
   }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
