@@ -850,18 +850,26 @@ constexpr int kBwdStages = 2;
 // Rows under 8 KB keep the register tiers (the forward's engine starts at 4 KB): staged at 4 KB,
 // H100, rms_norm bf16 32768x2048 ran 89.4 -> 82.7 and fp32 65536x1024 87.9 -> 84.6.
 constexpr int kBwdStagedMinRowBytes = 8 << 10;
-// Teams of blocks of 256 threads owning 2 packs each hold rows of up to 16 x 256 x 2 packs
-// (16-bit 65536, fp32 32768 columns), with x and dy held in registers between the two passes.
-// Longer rows take blocks of 512 owning 4 packs (up to 16-bit 262144, fp32 131072 columns) whose
-// x and dy stay in shared memory: each pass reads them from the stage, which is refilled once
-// the row is written (one row ahead, not two), so that the weights and the dweight/dbias sums
-// fit in registers (layer_norm: 64 floats of sums, 16-bit weights as stored). They replaced
-// blocks of 512 owning 2 packs (16-bit 131072, 1024 threads for fp32 layer_norm) and the
-// register cluster tier (16-bit 262144, fp32 rms_norm 131072); H100, % of copy, layer_norm /
+// Teams of blocks of 256 threads owning 2 packs each hold rows of up to 8 x 256 x 2 packs
+// (16-bit 32768, fp32 16384 columns; kBwdStagedMaxRanks2Packs), with x and dy held in registers
+// between the two passes. Longer rows take blocks of 512 owning 4 packs (up to 16-bit 262144, fp32
+// 131072 columns) whose x and dy stay in shared memory: each pass reads them from the stage, which
+// is refilled once the row is written (one row ahead, not two), so that the weights and the
+// dweight/dbias sums fit in registers (layer_norm: 64 floats of sums, 16-bit weights as stored).
+// They replaced blocks of 512 owning 2 packs (16-bit 131072, 1024 threads for fp32 layer_norm) and
+// the register cluster tier (16-bit 262144, fp32 rms_norm 131072); H100, % of copy, layer_norm /
 // rms_norm before -> after: 1024x131072 bf16 75 / 83 -> 92 / 91, fp16 74 / 80 -> 92 / 91, fp32
 // 97 / 88 -> 97 / 98; 512x262144 bf16 58 / 60 -> 85 / 95, fp16 55 / 56 -> 86 / 91.
 constexpr int kBwdStagedPacks = 2, kBwdStagedThreads = 256;
 constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
+// Rows the 2-pack kernel would split over more blocks than this take the 4-pack kernel, over
+// half as many (16-bit 32768-65536 columns, fp32 16384-32768). H200, kernel-only % of copy, 2
+// packs x 16 blocks -> 4 packs x 8 or fewer, layer_norm / rms_norm: bf16 2048x65536 71.0 / 74.1 ->
+// 81.4 / 88.9, 4096x65536 72.6 / 75.5 -> 85.5 / 94.5, fp32 4096x32768 89.5 / 92.1 -> 94.5 / 94.4.
+// A cap of 4 lost where the 2-pack kernel ran 8 blocks: bf16 4096x32768 86.3 / 88.4 -> 83.0 /
+// 85.7, fp32 8192x16384 98.7 / 95.2 -> 92.6 / 91.8
+// (bench/results/h200-norm-bwd-2pack-rank-cap.txt).
+constexpr int kBwdStagedMaxRanks2Packs = 8;
 // Longer fp32 rows (up to 262144 columns) take blocks of 512 owning 8 packs (kBwdLongElems per
 // thread, as the 16-bit 4 packs) with one stage, whose chunks (pack k of every thread) are
 // refilled with the next row's as the second pass reads them: two stages would take 256 KB.
@@ -880,16 +888,13 @@ constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
 // Where DRAM is faster per SM (row_stage::fast_dram), three: H200, kernel-only % of copy, fp32
 // layer_norm / rms_norm 8192x8192 84.5 / 88.8 -> 96.1 / 96.4, 4096x32768 67.4 / 70.0 -> 83.2 /
 // 88.0, 16384x4096 89.9 / 93.9 -> 93.5 / 89.2; 16-bit kernels' registers hold two anyway.
-// There, clusters of 16 blocks take no cap (as many blocks as fit, so more clusters fit each
-// GPC): H200, kernel-only % of copy, 4096x32768 fp32 layer_norm / rms_norm 82.2 / 87.1 -> 82.8 /
-// 90.9, bf16 there and at 4096x65536 level; clusters of 8 keep it (fp32 8192x16384, uncapped:
-// 95.1 / 96.7 -> 94.2 / 92.5). More stages (2-6 of 16 KB, as many as the shared memory held) lost
-// up to 3 points in the 16-bit backward at two blocks per SM, and 512 threads of one pack each
-// (twice the warps) 4-14: x and dy in flight are not what holds it back
+// Clusters of 8 keep that cap (fp32 8192x16384, uncapped: 95.1 / 96.7 -> 94.2 / 92.5; clusters
+// of 16, which this kernel ran then, gained without it). More stages (2-6 of 16 KB, as many as the
+// shared memory held) lost up to 3 points in the 16-bit backward at two blocks per SM, and 512
+// threads of one pack each (twice the warps) 4-14: x and dy in flight are not what holds it back
 // (bench/results/h200-norm-bwd-stages-blocks.txt).
 constexpr int kBwdStagedBlocksPerSm = 2, kBwdStagedBlocksPerSmFastDram = 3;
 constexpr int kBwdStatsInStageMinRanks = 4;  // 16-bit 2-pack rows (staged_bwd_plan)
-constexpr int kBwdStagedUncappedRanksFastDram = 16;
 template <int kPacks>
 constexpr int staged_bwd_min_blocks() {
   return kPacks == kBwdStagedPacks ? kBwdStagedBlocksPerSm : 1;
@@ -1400,9 +1405,10 @@ bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
   return true;
 }
 
-// The staged backward's team: the fewest blocks of a cluster (up to kMaxBwdClusterRanks) that
-// hold the row at 2 packs per thread, else at 4. No kernel before sm_90, for rows under 8 KB or
-// that no such team holds, or where the row doesn't split into equal slices.
+// The staged backward's team: the fewest blocks of a cluster that hold the row at 2 packs per
+// thread (up to kBwdStagedMaxRanks2Packs blocks), else at 4 (up to kMaxBwdClusterRanks). No kernel
+// before sm_90, for rows under 8 KB or that no such team holds, or where the row doesn't split into
+// equal slices.
 template <typename T, typename W, bool kRms, int VEC>
 BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info) {
   if (!info.has_clusters() || a.cols * int64_t(sizeof(T)) < kBwdStagedMinRowBytes) return {};
@@ -1420,7 +1426,7 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
   // bench/results/h200-norm-bwd-stats-in-stage.txt.
   void (*kernel)(NormBwdArgs<T, W>, PartialRows<float>) =
       norm_bwd_staged_kernel<T, W, kRms, VEC, kPacks, false>;
-  TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdStagedThreads, kMaxBwdClusterRanks);
+  TeamShape s = team_shape(a.cols, VEC, {kPacks}, kBwdStagedThreads, kBwdStagedMaxRanks2Packs);
   if constexpr (sizeof(T) == 2) {
     if (s.ranks >= kBwdStatsInStageMinRanks)
       kernel = norm_bwd_staged_kernel<T, W, kRms, VEC, kPacks, true>;
@@ -1438,7 +1444,7 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
   size_t smem = size_t(staged_bwd_stages(s.packs)) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
   const bool fast = row_stage::fast_dram(info);
-  if (s.packs == kPacks && (!fast || s.ranks < kBwdStagedUncappedRanksFastDram)) {
+  if (s.packs == kPacks) {
     // no more than this many blocks per SM
     const int blocks = fast ? kBwdStagedBlocksPerSmFastDram : kBwdStagedBlocksPerSm;
     smem = std::max(smem, size_t(info.smem_per_sm / (blocks + 1)));
