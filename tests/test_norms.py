@@ -432,9 +432,10 @@ def test_cuda_bad_inputs():
 # of 512 threads (<= 131072), then of up to 1024 (<= 262144), and the looping kernel beyond
 # (on sm_90+ the staged forward takes 16-byte-aligned rows of 8 KB up to 8 slices of shared
 # memory: fp32 262144 as 8 slices of 128 KB); backward on sm_90+ the staged kernel (bf16 4096
-# as one block, 131072 as 16 blocks of 512; fp32 4096, 131072, and 262144 in one stage
-# refilled chunk by chunk), else warp teams (<= 512), block teams (<= 8192), clusters of up to
-# 16 (<= 131072; 32 elements per thread <= 262144), looping;
+# as one block, 40000 as 4 blocks of 320 threads of 4 packs, 131072 as 8 blocks of 512; fp32
+# 4096, 131072, and 262144 in one stage refilled chunk by chunk), else warp teams (<= 512),
+# block teams (<= 8192), clusters of up to 16 (<= 131072; 32 elements per thread <= 262144),
+# looping;
 # and odd lengths, which take the unaligned (scalar) variant of each (forward <= 128 / 8192 /
 # 65536, backward <= 256 / 4096 / 65536). Without clusters (before sm_90) the long rows take the
 # looping kernels.
@@ -490,12 +491,12 @@ def test_cuda_staged_params(dtype, cols, mode, op):
 )
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_staged_backward_runs_staged(dtype, cols, rows, op):
-    """Shapes the staged backward must take. Exactly 48 KB of dynamic shared memory (16 blocks of
-    12 KB slices, two stages of x and dy) needs, with the kernel's static shared memory, the
-    opt-in that larger sizes take: without it the register tier ran instead. 16-bit rows of
-    262144 take 4 packs per thread read from the stage; 40 rows make each cluster refill both
-    stages. fp32 rows over 131072 take 8 packs in one stage refilled chunk by chunk (200000: 416
-    threads, a last chunk of 213 packs)."""
+    """Shapes the staged backward must take. Its shared memory needs the opt-in at any size (48
+    KB of stages once found no room without it, and the register tier ran instead; these rows
+    take 8 blocks of 384 threads with 96 KB of stages each). 16-bit rows of 262144 take 4 packs
+    per thread read from the stage; 40 rows make each cluster refill both stages. fp32 rows
+    over 131072 take 8 packs in one stage refilled chunk by chunk (200000: 416 threads, a last
+    chunk of 213 packs)."""
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("the staged backward needs sm_90+")
     x = torch.randn(rows, cols, dtype=dtype, device="cuda")
