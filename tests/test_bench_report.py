@@ -129,7 +129,7 @@ def test_estimate_grows_with_the_work():
     device, calib = torch.device("cpu"), (1e-6, 1e9)
     small, big = (
         bench._predicted_seconds(
-            bench.SPECS["softmax"], "fwd", "bf16", shape, device, 50, True, calib
+            bench.SPECS["softmax"], "fwd", "bf16", shape, device, 50, True, calib, None
         )
         for shape in ((64, 1024), (4096, 32768))
     )
@@ -180,6 +180,16 @@ def test_a_run_cut_short_has_written_its_timed_cells(monkeypatch, tmp_path):
     result = json.loads(written.read_text())
     assert [c["rows"] for c in result["cells"]] == [8, 16]
     assert result["providers"] == ["fusedops", "eager"]
+
+
+def test_only_the_chosen_providers_are_timed(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 20)
+    result = _quick_run(["softmax_fwd"], ["fp32"], [(8, 64)], "cpu", only_providers=["fusedops"])
+    assert result["providers"] == ["fusedops"]
+    assert list(result["cells"][0]["median_us"]) == ["fusedops"]
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--providers", "fusedops,triton"])
+    assert "--providers: unknown ['triton']" in capsys.readouterr().err
 
 
 def test_rounds_take_turns_and_report_the_median(monkeypatch):

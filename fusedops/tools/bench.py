@@ -2,7 +2,7 @@
 
     python -m fusedops.bench [--device cuda|mps|cpu] [--ops softmax_fwd,softmax_bwd]
         [--dtypes bf16,fp32] [--shapes 4096x1024,...] [--quick] [--out DIR] [--no-compile]
-        [--no-plot] [--no-host | --host-only] [--rounds N]
+        [--no-plot] [--no-host | --host-only] [--rounds N] [--providers fusedops,copy]
 
 Results go to ./fusedops-bench/ (untracked) unless --out says otherwise; the project's committed
 results are written on purpose with --out bench/results. The device is CUDA, else MPS, else the
@@ -269,10 +269,12 @@ def cells(ops=DEFAULT_OPS, dtypes=DEFAULT_DTYPES, shapes=None):
     ]
 
 
-def providers(spec: Spec, pass_: str, device: torch.device, with_compile: bool = True) -> list[str]:
+def providers(
+    spec: Spec, pass_: str, device: torch.device, with_compile: bool = True, only=None
+) -> list[str]:
     """The providers timed for spec's pass on device, in PROVIDERS order: fusedops and eager
     always, compile unless turned off, liger on CUDA where Liger-Kernel imports and has the op,
-    copy for CUDA forwards."""
+    copy for CUDA forwards; of those, only the ones in `only` where it is given."""
     cuda = device.type == "cuda"
     offered = {
         "fusedops": True,
@@ -281,7 +283,7 @@ def providers(spec: Spec, pass_: str, device: torch.device, with_compile: bool =
         "liger": spec.liger is not None and cuda and LIGER_MISSING is None,
         "copy": cuda and pass_ == "fwd",
     }
-    return [p for p in PROVIDERS if offered[p]]
+    return [p for p in PROVIDERS if offered[p] and (only is None or p in only)]
 
 
 def op_names() -> list[str]:
@@ -664,7 +666,7 @@ def _calibrate(device: torch.device) -> tuple[float, float]:
     return floor, y.nbytes / (time.perf_counter() - t0)
 
 
-def _predicted_seconds(spec: Spec, pass_: str, dt: str, shape, device, copy, quick, calib):
+def _predicted_seconds(spec: Spec, pass_: str, dt: str, shape, device, copy, quick, calib, only):
     """A rough time for one cell: per provider, making its input sets and its calls (warm-up,
     timed batches, CUDA graph replays), each call at the copy's speed or the tiny-call floor.
     run() scales the estimate by the time the finished cells really took."""
@@ -678,7 +680,8 @@ def _predicted_seconds(spec: Spec, pass_: str, dt: str, shape, device, copy, qui
     if device.type == "cuda":
         calls += reps * 200  # measure_device
     warm = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
-    return len(providers(spec, pass_, device)) * (calls * call + sets * nbytes / randn_rate + warm)
+    timed = len(providers(spec, pass_, device, only=only))
+    return timed * (calls * call + sets * nbytes / randn_rate + warm)
 
 
 def _duration(seconds: float) -> str:
@@ -697,6 +700,7 @@ def run(
     with_host: bool = True,
     rounds: int = 1,
     out: str | Path | None = None,
+    only_providers=None,
 ) -> dict:
     """Time every (op, dtype, shape) cell for each provider; return the results as a dict.
 
@@ -707,6 +711,7 @@ def run(
     many times on inputs prepared once (all of them in memory together), median_us is the
     median round and rounds_us every round's. with_host adds "host": host_costs(). out: where to
     write the JSON after every cell (write()), so a run cut short keeps what it measured.
+    only_providers: time only these of PROVIDERS (an A/B of fusedops builds needs no other).
     """
     log = log or (lambda s: None)
     device = pick_device(device) if not isinstance(device, torch.device) else device
@@ -719,7 +724,10 @@ def run(
         log(f"note: no liger provider: {LIGER_MISSING}")
     if todo:
         calib = _calibrate(device)
-        predicted = [rounds * _predicted_seconds(*c, device, copy, quick, calib) for c in todo]
+        predicted = [
+            rounds * _predicted_seconds(*c, device, copy, quick, calib, only_providers)
+            for c in todo
+        ]
         compiles = ", plus a torch.compile per cell (--no-compile skips it)" if with_compile else ""
         log(
             f"{len(todo)} cells: about {_duration(sum(predicted))}{compiles}; "
@@ -750,7 +758,7 @@ def run(
         graphed = device.type == "cuda"
         if graphed:
             cell.update(device_us={}, device_pct_copy={})
-        us_rounds = {p: [] for p in providers(spec, pass_, device, with_compile)}
+        us_rounds = {p: [] for p in providers(spec, pass_, device, with_compile, only_providers)}
         dev_rounds = {p: [] for p in us_rounds}
         kept = {}  # with several rounds, each provider's inputs, prepared once
         for _ in range(rounds):
@@ -998,6 +1006,11 @@ def main(argv=None) -> None:
     host.add_argument("--no-host", action="store_true", help="skip the host cost table")
     host.add_argument("--host-only", action="store_true", help="only the host cost table")
     ap.add_argument(
+        "--providers",
+        help=f"comma list of the providers to time, of: {', '.join(PROVIDERS)} (default: all that "
+        "apply; e.g. fusedops,copy for an A/B of two builds)",
+    )
+    ap.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -1007,6 +1020,9 @@ def main(argv=None) -> None:
     if args.rounds < 1:
         ap.error(f"--rounds must be at least 1, got {args.rounds}")
     ops, dtypes = args.ops.split(","), args.dtypes.split(",")
+    only = args.providers.split(",") if args.providers else None
+    if only and (unknown := [p for p in only if p not in PROVIDERS]):
+        ap.error(f"--providers: unknown {unknown}; choose from {', '.join(PROVIDERS)}")
     try:
         device = pick_device(args.device)
         select(ops)
@@ -1030,6 +1046,7 @@ def main(argv=None) -> None:
         with_host=not args.no_host,
         rounds=args.rounds,
         out=args.out,
+        only_providers=only,
     )
     print(table(result))
     for path in write(result, args.out, not args.no_plot):
