@@ -859,7 +859,9 @@ constexpr int kBwdStagedMinRowBytes = 8 << 10;
 // They replaced blocks of 512 owning 2 packs (16-bit 131072, 1024 threads for fp32 layer_norm) and
 // the register cluster tier (16-bit 262144, fp32 rms_norm 131072); H100, % of copy, layer_norm /
 // rms_norm before -> after: 1024x131072 bf16 75 / 83 -> 92 / 91, fp16 74 / 80 -> 92 / 91, fp32
-// 97 / 88 -> 97 / 98; 512x262144 bf16 58 / 60 -> 85 / 95, fp16 55 / 56 -> 86 / 91.
+// 97 / 88 -> 97 / 98; 512x262144 bf16 58 / 60 -> 85 / 95, fp16 55 / 56 -> 86 / 91. Blocks of 256
+// owning 4, twice as many per cluster (two per SM), lost up to 8.5 points (H200, bf16 layer_norm
+// 1024x131072 77.5 -> 69.0; bench/results/h200-row-stage-chunks-bwd-256-threads-rejected.txt).
 constexpr int kBwdStagedPacks = 2, kBwdStagedThreads = 256;
 constexpr int kBwdStagedLongPacks = 4, kBwdStagedLongThreads = 512;
 // Rows the 2-pack kernel would split over more blocks than this take the 4-pack kernel, over

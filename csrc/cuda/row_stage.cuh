@@ -161,6 +161,9 @@ __global__ void __launch_bounds__(kMaxThreads, Policy::kMinBlocksPerSm)
     const int64_t n = rows - row0 < p.teams ? rows - row0 : p.teams;  // the last block: fewer
     const unsigned bytes = unsigned(n * slice * int64_t(sizeof(T)));  // per input
     const unsigned param_bytes = unsigned(slice * int64_t(sizeof(P)));
+    // One barrier for all of it. Chunks of 16 or 8 KB on barriers of their own, the first pass
+    // starting on each as it landed, were slower in every cell (H200, bf16 layer_norm 4096x32768
+    // 81.0 -> 78.0 / 72.1; bench/results/h200-row-stage-chunks-bwd-256-threads-rejected.txt).
     sm90::mbar_arrive_expect(&landed, bytes * Policy::kInputs + p.params * param_bytes);
     auto copy = [&](void* to, const void* from, unsigned size) {
       for (unsigned off = 0; off < size; off += kMaxCopyBytes) {
