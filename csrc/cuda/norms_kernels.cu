@@ -185,16 +185,21 @@ __device__ __forceinline__ Pack<S, VEC> load_narrow(const S* p) {
   }
 }
 
-// VEC elements at p widened to A (fp32, or fp64 for fp64).
+// A pack widened to A (fp32, or fp64 for fp64).
 template <int VEC, typename S, typename A>
-__device__ __forceinline__ void load_acc(const S* p, A (&out)[VEC]) {
-  const Pack<S, VEC> pk = load_narrow<VEC>(p);
+__device__ __forceinline__ void widen_to(const Pack<S, VEC>& pk, A (&out)[VEC]) {
   if constexpr (std::is_same_v<A, acc_t<S>>) {
     widen(pk, out);
   } else {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out[j] = to_acc(pk.v[j]);
   }
+}
+
+// VEC elements at p widened to A.
+template <int VEC, typename S, typename A>
+__device__ __forceinline__ void load_acc(const S* p, A (&out)[VEC]) {
+  widen_to(load_narrow<VEC>(p), out);
 }
 
 template <int VEC, typename S>
@@ -230,31 +235,41 @@ __device__ __forceinline__ PackParams<W, VEC> load_params(const W* w, const W* b
   return pp;
 }
 
-// out = (v - mu) * rs * w + b for one pack (w where has_w, b where has_b).
-template <int VEC, typename A, typename W>
+// out = (v - mu) * rs * w + b for one pack; kW / kB: whether w / b are there (with_params).
+// Known at compile time, the params are widened by words and x-hat * w + b is one FFMA, where
+// per-element predicates kept the multiply and the add apart.
+template <int VEC, bool kW, bool kB, typename A, typename W>
 __device__ __forceinline__ void normalize_pack(const A (&v)[VEC], A mu, A rs,
-                                               const PackParams<W, VEC>& pp, bool has_w, bool has_b,
-                                               A (&out)[VEC]) {
+                                               const PackParams<W, VEC>& pp, A (&out)[VEC]) {
+  A wv[VEC], bv[VEC];
+  if constexpr (kW) widen_to(pp.w, wv);
+  if constexpr (kB) widen_to(pp.b, bv);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    out[j] = (v[j] - mu) * rs;
-    if (has_w) out[j] *= A(to_acc(pp.w.v[j]));
-    if (has_b) out[j] += A(to_acc(pp.b.v[j]));
+    const A xhat = (v[j] - mu) * rs;
+    if constexpr (kW && kB) {
+      out[j] = xhat * wv[j] + bv[j];
+    } else if constexpr (kW) {
+      out[j] = xhat * wv[j];
+    } else if constexpr (kB) {
+      out[j] = xhat + bv[j];
+    } else {
+      out[j] = xhat;
+    }
   }
 }
 
-// The same with w and b loaded here (each optional), widened as they land.
-template <int VEC, typename A, typename W>
-__device__ __forceinline__ void normalize_pack(const A (&v)[VEC], A mu, A rs, const W* w,
-                                               const W* b, A (&out)[VEC]) {
-  A wv[VEC], bv[VEC];
-  if (w != nullptr) load_acc<VEC>(w, wv);
-  if (b != nullptr) load_acc<VEC>(b, bv);
-#pragma unroll
-  for (int j = 0; j < VEC; ++j) {
-    out[j] = (v[j] - mu) * rs;
-    if (w != nullptr) out[j] *= wv[j];
-    if (b != nullptr) out[j] += bv[j];
+// f(kW, kB) (std::bool_constant) for the params present: a loop for each combination.
+template <bool kRms, typename W, typename F>
+__device__ __forceinline__ void with_params(const W* w, const W* b, F&& f) {
+  using Yes = std::true_type;
+  using No = std::false_type;
+  if constexpr (kRms) {
+    w != nullptr ? f(Yes(), No()) : f(No(), No());
+  } else if (w != nullptr) {
+    b != nullptr ? f(Yes(), Yes()) : f(Yes(), No());
+  } else {
+    b != nullptr ? f(No(), Yes()) : f(No(), No());
   }
 }
 
@@ -385,23 +400,26 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
       if constexpr (!kRms) a.mean[row] = mu;
       a.rstd[row] = rs;
     }
+    with_params<kRms>(a.w, a.b, [&](auto has_w, auto has_b) {
+      constexpr bool kW = decltype(has_w)::value, kB = decltype(has_b)::value;
 #pragma unroll
-    for (int p = 0; p < kPacks; ++p) {
-      const int col = (p * g + t) * VEC;
-      if (col < cols) {
-        float v[VEC], out[VEC];
-        widen(x[p], v);
-        if constexpr (kStageParams) {
-          const int k = p * g + t;
-          normalize_pack<VEC>(v, mu, rs,
-                              PackParams<W, VEC>{staged_params[0][k], staged_params[1][k]},
-                              a.w != nullptr, a.b != nullptr, out);
-        } else {
-          normalize_pack<VEC>(v, mu, rs, a.w ? a.w + col : nullptr, a.b ? a.b + col : nullptr, out);
+      for (int p = 0; p < kPacks; ++p) {
+        const int col = (p * g + t) * VEC;
+        if (col < cols) {
+          float v[VEC], out[VEC];
+          widen(x[p], v);
+          if constexpr (kStageParams) {
+            const int k = p * g + t;
+            normalize_pack<VEC, kW, kB>(
+                v, mu, rs, PackParams<W, VEC>{staged_params[0][k], staged_params[1][k]}, out);
+          } else {
+            normalize_pack<VEC, kW, kB>(
+                v, mu, rs, load_params<VEC>(kW ? a.w : nullptr, kB ? a.b : nullptr, col), out);
+          }
+          store_acc<VEC>(a.y + row * a.cols + col, out);
         }
-        store_acc<VEC>(a.y + row * a.cols + col, out);
       }
-    }
+    });
   }
   cluster.close();
 }
@@ -493,33 +511,38 @@ struct NormFwdStaged {
     auto store = [&](int p, const float(&out)[VEC]) {
       store_pack_global<T, VEC>(a.y + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
     };
-    if constexpr (kBatch == 1) {  // params loaded at their use
+    with_params<kRms>(w, b, [&](auto has_w, auto has_b) {
+      constexpr bool kW = decltype(has_w)::value, kB = decltype(has_b)::value;
+      const W* wk = kW ? w : nullptr;  // null where absent: load_params skips it
+      const W* bk = kB ? b : nullptr;
+      if constexpr (kBatch == 1) {  // params loaded at their use
 #pragma unroll 4
-      for (int p = sl.t; p < sl.packs; p += sl.n) {
-        float v[VEC], out[VEC];
-        widen(load_pack<T, VEC>(x + p * VEC), v);
-        normalize_pack<VEC>(v, mu, rs, w ? w + p * VEC : nullptr, b ? b + p * VEC : nullptr, out);
-        store(p, out);
-      }
-    } else {
-      for (int p0 = sl.t; p0 < sl.packs; p0 += kBatch * sl.n) {
-        PackParams<W, VEC> pp[kBatch];  // packs p0, p0 + n, ...
-#pragma unroll
-        for (int k = 0; k < kBatch; ++k) {
-          const int p = p0 + k * sl.n;
-          if (p < sl.packs) pp[k] = load_params<VEC>(w, b, int64_t(p) * VEC);
-        }
-#pragma unroll
-        for (int k = 0; k < kBatch; ++k) {
-          const int p = p0 + k * sl.n;
-          if (p >= sl.packs) break;
+        for (int p = sl.t; p < sl.packs; p += sl.n) {
           float v[VEC], out[VEC];
           widen(load_pack<T, VEC>(x + p * VEC), v);
-          normalize_pack<VEC>(v, mu, rs, pp[k], w != nullptr, b != nullptr, out);
+          normalize_pack<VEC, kW, kB>(v, mu, rs, load_params<VEC>(wk, bk, int64_t(p) * VEC), out);
           store(p, out);
         }
+      } else {
+        for (int p0 = sl.t; p0 < sl.packs; p0 += kBatch * sl.n) {
+          PackParams<W, VEC> pp[kBatch];  // packs p0, p0 + n, ...
+#pragma unroll
+          for (int k = 0; k < kBatch; ++k) {
+            const int p = p0 + k * sl.n;
+            if (p < sl.packs) pp[k] = load_params<VEC>(wk, bk, int64_t(p) * VEC);
+          }
+#pragma unroll
+          for (int k = 0; k < kBatch; ++k) {
+            const int p = p0 + k * sl.n;
+            if (p >= sl.packs) break;
+            float v[VEC], out[VEC];
+            widen(load_pack<T, VEC>(x + p * VEC), v);
+            normalize_pack<VEC, kW, kB>(v, mu, rs, pp[k], out);
+            store(p, out);
+          }
+        }
       }
-    }
+    });
   }
 };
 
@@ -577,19 +600,22 @@ __global__ void __launch_bounds__(kLoopThreads, 1) norm_fwd_loop_kernel(NormFwdA
       if constexpr (!kRms) a.mean[row] = mu;
       a.rstd[row] = rs;
     }
-    for (int64_t c0 = int64_t(threadIdx.x) * VEC; c0 < cols; c0 += step * kLoopUnroll) {
-      A v[kLoopUnroll][VEC];
-      load_tile(xr, c0, v);
+    with_params<kRms>(a.w, a.b, [&](auto has_w, auto has_b) {
+      constexpr bool kW = decltype(has_w)::value, kB = decltype(has_b)::value;
+      for (int64_t c0 = int64_t(threadIdx.x) * VEC; c0 < cols; c0 += step * kLoopUnroll) {
+        A v[kLoopUnroll][VEC];
+        load_tile(xr, c0, v);
 #pragma unroll
-      for (int u = 0; u < kLoopUnroll; ++u) {
-        const int64_t col = c0 + u * step;
-        if (col >= cols) continue;
-        A out[VEC];
-        normalize_pack<VEC>(v[u], mu, rs, a.w ? a.w + col : nullptr, a.b ? a.b + col : nullptr,
-                            out);
-        store_acc<VEC>(a.y + row * cols + col, out);
+        for (int u = 0; u < kLoopUnroll; ++u) {
+          const int64_t col = c0 + u * step;
+          if (col >= cols) continue;
+          A out[VEC];
+          normalize_pack<VEC, kW, kB>(
+              v[u], mu, rs, load_params<VEC>(kW ? a.w : nullptr, kB ? a.b : nullptr, col), out);
+          store_acc<VEC>(a.y + row * cols + col, out);
+        }
       }
-    }
+    });
   }
 }
 
