@@ -515,32 +515,27 @@ struct NormFwdStaged {
       constexpr bool kW = decltype(has_w)::value, kB = decltype(has_b)::value;
       const W* wk = kW ? w : nullptr;  // null where absent: load_params skips it
       const W* bk = kB ? b : nullptr;
-      if constexpr (kBatch == 1) {  // params loaded at their use
-#pragma unroll 4
-        for (int p = sl.t; p < sl.packs; p += sl.n) {
+      // Params loaded at their use (kBatch 1), or kBatch packs' params before any of their math.
+      auto normalize_packs = [&](int p0, auto g) {
+        constexpr int kPacks = decltype(g)::value;
+        PackParams<W, VEC> pp[kPacks];
+#pragma unroll
+        for (int k = 0; k < kPacks; ++k)
+          pp[k] = load_params<VEC>(wk, bk, int64_t(p0 + k * sl.n) * VEC);
+#pragma unroll
+        for (int k = 0; k < kPacks; ++k) {
+          const int p = p0 + k * sl.n;
           float v[VEC], out[VEC];
           widen(load_pack<T, VEC>(x + p * VEC), v);
-          normalize_pack<VEC, kW, kB>(v, mu, rs, load_params<VEC>(wk, bk, int64_t(p) * VEC), out);
+          normalize_pack<VEC, kW, kB>(v, mu, rs, pp[k], out);
           store(p, out);
         }
+      };
+      if constexpr (kBatch == 1) {
+        row_stage::for_packs(sl,
+                             [&](int p) { normalize_packs(p, std::integral_constant<int, 1>()); });
       } else {
-        for (int p0 = sl.t; p0 < sl.packs; p0 += kBatch * sl.n) {
-          PackParams<W, VEC> pp[kBatch];  // packs p0, p0 + n, ...
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k) {
-            const int p = p0 + k * sl.n;
-            if (p < sl.packs) pp[k] = load_params<VEC>(wk, bk, int64_t(p) * VEC);
-          }
-#pragma unroll
-          for (int k = 0; k < kBatch; ++k) {
-            const int p = p0 + k * sl.n;
-            if (p >= sl.packs) break;
-            float v[VEC], out[VEC];
-            widen(load_pack<T, VEC>(x + p * VEC), v);
-            normalize_pack<VEC, kW, kB>(v, mu, rs, pp[k], out);
-            store(p, out);
-          }
-        }
+        row_stage::for_pack_groups<kBatch>(sl, normalize_packs);
       }
     });
   }

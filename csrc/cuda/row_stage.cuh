@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/device_info.h"
 #include "common/kernel_registry.h"
@@ -113,18 +114,41 @@ struct Plan {
 
 // ------------------------------------------------------------------ kernel
 
+// A pass over this thread's packs t, t + n, ... of its slice: f(p, g) takes packs p, p + n,
+// ..., p + (g - 1) * n, g (a std::integral_constant) being kGroup while that many are left, then
+// 1. One bound check per group: an unrolled loop over a runtime count checked every pack.
+template <int kGroup, typename F>
+__device__ __forceinline__ void for_pack_groups(const Slice& sl, F&& f) {
+  int p = sl.t;
+#pragma unroll 1
+  for (; p + (kGroup - 1) * sl.n < sl.packs; p += kGroup * sl.n)
+    f(p, std::integral_constant<int, kGroup>());
+#pragma unroll 1
+  for (; p < sl.packs; p += sl.n) f(p, std::integral_constant<int, 1>());
+}
+
+constexpr int kPassGroup = 4;  // packs per bound check in a pass over a staged row
+
+// f(p) for each of this thread's packs p of its slice.
+template <typename F>
+__device__ __forceinline__ void for_packs(const Slice& sl, F&& f) {
+  for_pack_groups<kPassGroup>(sl, [&](int p, auto g) {
+#pragma unroll
+    for (int k = 0; k < decltype(g)::value; ++k) f(p + k * sl.n);
+  });
+}
+
 // The op-fold of f(v) over the elements v (widened to float) of this thread's packs of its
 // slice, starting from init: one pass over the staged row.
 template <int VEC, typename T, typename F, typename Op>
 __device__ __forceinline__ float fold(const T* x, const Slice& sl, float init, F f, Op op) {
   float acc = init;
-#pragma unroll 4
-  for (int p = sl.t; p < sl.packs; p += sl.n) {
+  for_packs(sl, [&](int p) {
     acc_t<T> v[VEC];
     widen(load_pack<T, VEC>(x + p * VEC), v);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc = op(acc, f(v[k]));
-  }
+  });
   return acc;
 }
 

@@ -64,17 +64,15 @@ struct SoftmaxBwdStaged : row_stage::Defaults<T_> {
                              Reduce&& reduce) {
     const T *y = in[0], *dy = in[1];
     float s = 0.f;
-#pragma unroll 4
-    for (int p = sl.t; p < sl.packs; p += sl.n) {
+    row_stage::for_packs(sl, [&](int p) {
       float yk[VEC], dyk[VEC];
       widen(load_pack<T, VEC>(y + p * VEC), yk);
       widen(load_pack<T, VEC>(dy + p * VEC), dyk);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) s += a.log ? dyk[k] : dyk[k] * yk[k];
-    }
+    });
     s = reduce(s, SumOp());
-#pragma unroll 4
-    for (int p = sl.t; p < sl.packs; p += sl.n) {
+    row_stage::for_packs(sl, [&](int p) {
       float yk[VEC], dyk[VEC], out[VEC];
       widen(load_pack<T, VEC>(y + p * VEC), yk);
       widen(load_pack<T, VEC>(dy + p * VEC), dyk);
@@ -82,7 +80,7 @@ struct SoftmaxBwdStaged : row_stage::Defaults<T_> {
       for (int k = 0; k < VEC; ++k)
         out[k] = a.log ? dyk[k] - acc_exp(yk[k]) * s : yk[k] * (dyk[k] - s);
       store_pack_global<T, VEC>(a.dx + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
-    }
+    });
   }
 };
 

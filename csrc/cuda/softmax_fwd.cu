@@ -77,8 +77,7 @@ struct SoftmaxFwdStaged : row_stage::Defaults<T_> {
     const float s = row_stage::fold<VEC>(x, sl, 0.f, shifted_exp, SumOp());
     const MaxSum<float> total = reduce(MaxSum<float>{m, s}, MaxSumOp());
     const float log_sum = logf(total.s), inv = 1.f / total.s;
-#pragma unroll 4
-    for (int p = sl.t; p < sl.packs; p += sl.n) {
+    row_stage::for_packs(sl, [&](int p) {
       float v[VEC], out[VEC];
       widen(load_pack<T, VEC>(x + p * VEC), v);
 #pragma unroll
@@ -86,7 +85,7 @@ struct SoftmaxFwdStaged : row_stage::Defaults<T_> {
         out[k] = a.log ? (v[k] - total.m) - log_sum : acc_exp(v[k] - total.m) * inv;
       }
       store_pack_global<T, VEC>(a.y + sl.offset + int64_t(p) * VEC, pack_from_acc<T, VEC>(out));
-    }
+    });
   }
 };
 
