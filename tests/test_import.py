@@ -3,16 +3,17 @@ not: fusedops never imports numpy, and adds no "Failed to initialize NumPy" warn
 
 numpy is hidden by running a child interpreter without its site hooks (-S) on a copy of this
 environment's site-packages made of links to everything but numpy, which is what a virtual
-environment without numpy looks like to torch. (torch 2.4 and 2.14 print the warning themselves
-on `import torch` there; whether they do is torch's business, what fusedops adds is ours.)
+environment without numpy looks like to torch. Every site directory on sys.path goes into the
+copy (the first of a name wins, as on sys.path): torch's own dependencies may sit in another
+one (a venv over a system Python, or a Jetson's dist-packages). (torch 2.4 and 2.14 print the
+warning themselves on `import torch` there; whether they do is torch's business, what fusedops
+adds is ours.)
 """
 
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-import torch
 
 import fusedops
 
@@ -23,9 +24,11 @@ def _stderr_without_numpy(code: str, tmp_path: Path) -> str:
     site = tmp_path / "site-packages"
     if not site.exists():
         site.mkdir()
-        for entry in Path(torch.__file__).parent.parent.iterdir():
-            if not entry.name.startswith("numpy"):
-                (site / entry.name).symlink_to(entry)
+        dirs = [Path(p) for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]
+        for d in filter(Path.is_dir, dirs):
+            for entry in d.iterdir():
+                if not entry.name.startswith("numpy") and not os.path.lexists(site / entry.name):
+                    (site / entry.name).symlink_to(entry)
     repo = Path(fusedops.__file__).parent.parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(repo)])}
     proc = subprocess.run(
