@@ -144,7 +144,7 @@ __device__ __forceinline__ int64_t team_row_step(const Team& team) {
 // The order of additions is fixed: deterministic.
 template <TeamKind kTeam, typename V, typename Op>
 __device__ __forceinline__ V team_allreduce(V v, Op op, const Team& team, V* scratch,
-                                            sm90::ClusterExchange& cluster) {
+                                            sm90::ClusterExchange<>& cluster) {
   if constexpr (kTeam == TeamKind::kWarp) {
     v = group_allreduce<kWarp>(v, op);
   } else if constexpr (kTeam == TeamKind::kWarpPart) {        // g lanes aligned in the warp: xor
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
   constexpr int kRowPacks = kWarp * kPacks;
   __shared__ Pack<W, VEC> staged_params[kStageParams ? 2 : 1][kStageParams ? kRowPacks : 1];
   const Team team = make_team<kTeam>(group);
-  sm90::ClusterExchange cluster(team.ranks);
+  sm90::ClusterExchange<> cluster(team.ranks);
   sm90::grid_dependency_wait();
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
@@ -654,7 +654,7 @@ __global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPack
   __shared__ Pack<W, VEC> staged_w[kStageW ? kWarp * kPacks : 1];
   using Acc = BwdAcc<VEC, kPacks, kTeam == TeamKind::kBlock>;
   const Team team = make_team<kTeam>(part.group);
-  sm90::ClusterExchange cluster(team.ranks);
+  sm90::ClusterExchange<> cluster(team.ranks);
   sm90::grid_dependency_wait();
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
@@ -848,9 +848,9 @@ __global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPack
 
 // Backward on sm_90+ for 16-byte-aligned rows of 8 KB and more: a persistent team (a block, or
 // a cluster whose blocks each take a contiguous slice of the row) walks its rows with the next
-// kBwdStages - 1 rows' x and dy slices already on their way into shared memory (bulk copies
-// completing on an mbarrier per stage; with one stage, the next row's chunks as this row's are
-// read: staged_bwd_stages), so DRAM keeps serving this team while it reduces and writes the
+// rows' x and dy slices already on their way into shared memory (bulk copies completing on an
+// mbarrier per stage; with one stage, the next row's chunks as this row's are read:
+// staged_bwd_stages), so DRAM keeps serving this team while it reduces and writes the
 // current row; the register tiers above issue a row's loads only once the previous row is done.
 // Each thread owns kPacks packs of its block's slice (packs t and t + blockDim.x): their weights
 // and dweight/dbias sums live in registers, and at the end the thread writes its columns of the
@@ -868,6 +868,19 @@ __global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPack
 // owning one pack each (64 registers) in place of 16 of 512 owning two (100-119): bf16 74.7 / 82.8
 // -> 64.2 / 70.9, fp16 73.6 / 79.6 -> 58.4 / 69.6.
 constexpr int kBwdStages = 2;
+// bf16 layer_norm's 4-pack kernel (rows split over clusters of 4-16 blocks) writes each row's dx
+// a row late: it posts row i's sums to the cluster, then writes row i - 1 from the totals that
+// came in while it summed row i, so that a block waits for its peers only where one is a whole
+// row behind (waiting for the cluster's totals at every row, the blocks' skew, took 14.9% of the
+// stall samples at 512x262144: bench/results/h200-norm-bwd-stats-in-stage.txt). Three stages:
+// the row being written, the row being summed, and the next row landing. H200, kernel-only % of
+// copy, bf16 layer_norm 2048x65536 / 1024x131072 / 512x262144 81.4 / 77.9 / 63.3 -> 87.2 / 84.2 /
+// 73.6 (Nsight Compute at 512x262144: 285 -> 250 us, issue slots 54 -> 69%). Where it measured
+// level or lost, it isn't used: rms_norm bf16 (-0.2 / +1.0 / -2.4), fp32 (layer_norm -1.6 / +2.6
+// at 65536 / 131072 columns); and with fp32 params beside 16-bit rows, or fp16 rows, ptxas
+// spilled 40-72 bytes at the 128-register cap and bf16 rows with fp32 params ran 27% slower
+// (1024x131072, 207 -> 269 us; bench/results/h200-norm-bwd-lag.txt).
+constexpr int kBwdLagStages = 3;
 // Rows under 8 KB keep the register tiers (the forward's engine starts at 4 KB): staged at 4 KB,
 // H100, rms_norm bf16 32768x2048 ran 89.4 -> 82.7 and fp32 65536x1024 87.9 -> 84.6.
 constexpr int kBwdStagedMinRowBytes = 8 << 10;
@@ -926,24 +939,33 @@ template <int kPacks>
 constexpr int staged_bwd_threads() {
   return kPacks == kBwdStagedPacks ? kBwdStagedThreads : kBwdStagedLongThreads;
 }
+template <typename T, typename W, bool kRms>
+__host__ __device__ constexpr bool staged_bwd_lags(int packs) {
+  return packs == kBwdStagedLongPacks && !kRms && std::is_same_v<T, __nv_bfloat16> &&
+         std::is_same_v<W, T>;
+}
+template <typename T, typename W, bool kRms>
 __host__ __device__ constexpr int staged_bwd_stages(int packs) {
-  return packs > kBwdStagedLongPacks ? 1 : kBwdStages;
+  return packs > kBwdStagedLongPacks          ? 1
+         : staged_bwd_lags<T, W, kRms>(packs) ? kBwdLagStages
+                                              : kBwdStages;
 }
 
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kStatsInStage>
 __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_blocks<kPacks>())
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kStages = staged_bwd_stages(kPacks);
+  constexpr int kStages = staged_bwd_stages<T, W, kRms>(kPacks);
   // Two stages are refilled whole, one chunk by chunk (chunk k: pack k of every thread).
   constexpr int kChunks = kStages == 1 ? kPacks : 1;
-  extern __shared__ __align__(128) unsigned char staged[];  // [stage][x slice, dy slice]
+  constexpr bool kLag = staged_bwd_lags<T, W, kRms>(kPacks);  // each row's dx written a row late
+  extern __shared__ __align__(128) unsigned char staged[];    // [stage][x slice, dy slice]
   __shared__ uint64_t landed[kStages][kChunks];
   __shared__ float2 stats[kStages];  // (mean, rstd) of each stage's row, kStatsInStage
   __shared__ float2 scratch[kWarp];
   constexpr bool kRowInRegisters = kPacks == kBwdStagedPacks;  // else read from the stage
   const Team team = make_team<TeamKind::kBlock>(blockDim.x);
-  sm90::ClusterExchange cluster(team.ranks);
+  sm90::ClusterExchange<kLag ? 3 : 2> cluster(team.ranks);
   sm90::grid_dependency_wait();
   const int rank = team.t / blockDim.x, tid = threadIdx.x;
   const int64_t cols = a.cols;
@@ -1016,68 +1038,69 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
   if (!kStatsInStage && kStatsAhead) load_stats(first);
 
   const float inv_cols = 1.f / static_cast<float>(cols);  // c1, c2: multiplies, not divisions
-  int i = 0;
-  for (int64_t row = first; row < a.rows; row += step, ++i) {
+  // The team's i-th row is in stage i % kStages.
+  auto wait = [&](int i, int c) {  // chunk c of the i-th row has landed
+    if (chunk_size(c) > 0) sm90::mbar_wait(&landed[i % kStages][c], (i / kStages) & 1);
+  };
+  auto refill = [&](int64_t next, int s) {  // stage s is no longer read: row next's slices go in
+    __syncthreads();
+    if (tid == 0 && next < a.rows) fetch(next, s);
+  };
+  using Words = PackWords<T, VEC>;
+  constexpr int kHeld = kRowInRegisters ? kPacks : 1;
+  Words held_x[kHeld], held_dy[kHeld];
+  // Rows held in registers keep pass 1's x-hat and g for pass 2 (recomputed from the words
+  // there, fp16 rows took 14% more instructions per row; bf16 and fp32 compile the same).
+  float held_xh[kHeld][VEC], held_g[kHeld][VEC];
+  auto load = [&](int s, int k, Words& x, Words& dy) {
+    const int p = tid + k * blockDim.x;
+    if (p < slice_packs) {
+      x = load_words<T, VEC>(stage(s) + p * VEC);
+      dy = load_words<T, VEC>(stage(s) + (slice_packs + p) * VEC);
+    } else {
+      x = dy = Words{};  // zero bits: +0, adds 0
+    }
+  };
+  // Pack k's x-hat, dy and g = dy * w, from the held words or stage s.
+  auto pack_terms = [&](int s, int k, float mu, float rs, float(&xh)[VEC], float(&d)[VEC],
+                        float(&g)[VEC]) {
+    Words x, dy;
+    if constexpr (kRowInRegisters) {
+      x = held_x[k], dy = held_dy[k];
+    } else {
+      load(s, k, x, dy);
+    }
+    widen<T, VEC>(x, xh);
+    widen<T, VEC>(dy, d);
+    float wv[VEC];
+    widen(w[k], wv);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) xh[j] = (xh[j] - mu) * rs, g[j] = d[j] * wv[j];
+  };
+  // Pass 1 over the i-th row: its mean and rstd, the dweight / dbias sums, and this thread's
+  // part of sum(g) and sum(g * x-hat).
+  auto sum_row = [&](int64_t row, int i, float& mu, float& rs) {
     const int s = i % kStages;
-    auto wait = [&](int c) {  // chunk c of stage s has landed
-      if (chunk_size(c) > 0) sm90::mbar_wait(&landed[s][c], (i / kStages) & 1);
-    };
-    float mu, rs;
     if constexpr (kStatsInStage) {
-      wait(0);
+      wait(i, 0);
       mu = kRms ? 0.f : stats[s].x, rs = stats[s].y;
     } else {
       if (!kStatsAhead) load_stats(row);
       mu = next_mu, rs = next_rs;
       if (kStatsAhead) load_stats(row + step);
     }
-    if constexpr (kChunks == 1) wait(0);
-    const int64_t next = row + kStages * step;
-    auto refill = [&] {  // stage s is no longer read: a later row's slices go in
-      __syncthreads();
-      if (tid == 0 && next < a.rows) fetch(next, s);
-    };
-    using Words = PackWords<T, VEC>;
-    Words held_x[kRowInRegisters ? kPacks : 1], held_dy[kRowInRegisters ? kPacks : 1];
-    auto load = [&](int k, Words& x, Words& dy) {
-      const int p = tid + k * blockDim.x;
-      if (p < slice_packs) {
-        x = load_words<T, VEC>(stage(s) + p * VEC);
-        dy = load_words<T, VEC>(stage(s) + (slice_packs + p) * VEC);
-      } else {
-        x = dy = Words{};  // zero bits: +0, adds 0
-      }
-    };
+    if constexpr (kChunks == 1) wait(i, 0);
     if constexpr (kRowInRegisters) {
 #pragma unroll
-      for (int k = 0; k < kPacks; ++k) load(k, held_x[k], held_dy[k]);
-      refill();
+      for (int k = 0; k < kPacks; ++k) load(s, k, held_x[k], held_dy[k]);
+      refill(row + kStages * step, s);
     }
-    // Pack k's x-hat, dy and g = dy * w, from the held words or the stage.
-    auto pack_terms = [&](int k, float(&xh)[VEC], float(&d)[VEC], float(&g)[VEC]) {
-      Words x, dy;
-      if constexpr (kRowInRegisters) {
-        x = held_x[k], dy = held_dy[k];
-      } else {
-        load(k, x, dy);
-      }
-      widen<T, VEC>(x, xh);
-      widen<T, VEC>(dy, d);
-      float wv[VEC];
-      widen(w[k], wv);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) xh[j] = (xh[j] - mu) * rs, g[j] = d[j] * wv[j];
-    };
-    // Rows held in registers keep pass 1's x-hat and g for pass 2 (recomputed from the words
-    // there, fp16 rows took 14% more instructions per row; bf16 and fp32 compile the same).
-    constexpr int kHeld = kRowInRegisters ? kPacks : 1;
-    float held_xh[kHeld][VEC], held_g[kHeld][VEC];
     float2 sum{0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
-      if constexpr (kChunks > 1) wait(k);
+      if constexpr (kChunks > 1) wait(i, k);
       float xh[VEC], d[VEC], g[VEC];
-      pack_terms(k, xh, d, g);
+      pack_terms(s, k, mu, rs, xh, d, g);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         sum.x += g[j];
@@ -1087,34 +1110,71 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
         if constexpr (kRowInRegisters) held_xh[k][j] = xh[j], held_g[k][j] = g[j];
       }
     }
-    if (a.dx != nullptr) {  // uniform over the grid
-      sum = team_allreduce<TeamKind::kBlock>(sum, Sum2Op(), team, scratch, cluster);
-      // dx = rs * (g - c1 - xh * c2) = rs * g + (cx * xh + c0): two FMAs per element.
-      const float c1 = kRms ? 0.f : sum.x * inv_cols, c2 = sum.y * inv_cols;
-      const float cx = -rs * c2, c0 = -rs * c1;
+    return sum;
+  };
+  // Pass 2 over the i-th row: dx, from the team's sum(g) and sum(g * x-hat).
+  auto write_dx = [&](int64_t row, int i, float mu, float rs, float2 sum) {
+    const int s = i % kStages;
+    const int64_t next = row + kStages * step;
+    // dx = rs * (g - c1 - xh * c2) = rs * g + (cx * xh + c0): two FMAs per element.
+    const float c1 = kRms ? 0.f : sum.x * inv_cols, c2 = sum.y * inv_cols;
+    const float cx = -rs * c2, c0 = -rs * c1;
 #pragma unroll
-      for (int k = 0; k < kPacks; ++k) {
-        const int p = tid + k * blockDim.x;
-        float xh[VEC], d[VEC], g[VEC], out[VEC];
-        if constexpr (kRowInRegisters) {
+    for (int k = 0; k < kPacks; ++k) {
+      const int p = tid + k * blockDim.x;
+      float xh[VEC], d[VEC], g[VEC], out[VEC];
+      if constexpr (kRowInRegisters) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) xh[j] = held_xh[k][j], g[j] = held_g[k][j];
-        } else {
-          pack_terms(k, xh, d, g);
-        }
-        if constexpr (kChunks > 1) {  // every thread has read chunk k: the next row's goes in
-          __syncthreads();
-          if (tid == 0 && next < a.rows) fetch_chunk(next, s, k);
-        }
-        if (p < slice_packs) {
+        for (int j = 0; j < VEC; ++j) xh[j] = held_xh[k][j], g[j] = held_g[k][j];
+      } else {
+        pack_terms(s, k, mu, rs, xh, d, g);
+      }
+      if constexpr (kChunks > 1) {  // every thread has read chunk k: the next row's goes in
+        __syncthreads();
+        if (tid == 0 && next < a.rows) fetch_chunk(next, s, k);
+      }
+      if (p < slice_packs) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) out[j] = fmaf(rs, g[j], fmaf(cx, xh[j], c0));
-          store_acc<VEC>(a.dx + row * cols + col0 + p * VEC, out);
-        }
+        for (int j = 0; j < VEC; ++j) out[j] = fmaf(rs, g[j], fmaf(cx, xh[j], c0));
+        store_acc<VEC>(a.dx + row * cols + col0 + p * VEC, out);
       }
     }
-    if constexpr (!kRowInRegisters) {
-      if (kChunks == 1 || a.dx == nullptr) refill();
+  };
+  if constexpr (kLag) {
+    // Row i's sums are posted, then row i - 1's dx written from the totals that came in while
+    // this block summed row i, and row i - 1's stage refilled. Its mean and rstd are read again
+    // from that stage (kStatsInStage, which every lagging kernel has): fewer registers held.
+    static_assert(kStatsInStage, "the lagging kernel reads a row's statistics twice");
+    for (int i = 0;; ++i) {
+      const int64_t row = first + i * step;
+      const bool more = row < a.rows;
+      if (more) {
+        float mu, rs;
+        const float2 sum = sum_row(row, i, mu, rs);
+        if (a.dx != nullptr) cluster.post(block_allreduce(sum, Sum2Op(), scratch));  // uniform
+      }
+      if (i > 0) {
+        const int last = i - 1, s = last % kStages;
+        if (a.dx != nullptr) {
+          const float mu = kRms ? 0.f : stats[s].x, rs = stats[s].y;
+          write_dx(row - step, last, mu, rs, cluster.template collect<float2>(Sum2Op()));
+        }
+        refill(row - step + kStages * step, s);
+      }
+      if (!more) break;
+    }
+  } else {
+    int i = 0;
+    for (int64_t row = first; row < a.rows; row += step, ++i) {
+      float mu, rs;
+      float2 sum = sum_row(row, i, mu, rs);
+      if (a.dx != nullptr) {  // uniform over the grid
+        sum = team_allreduce<TeamKind::kBlock>(sum, Sum2Op(), team, scratch, cluster);
+        write_dx(row, i, mu, rs, sum);
+      }
+      if constexpr (!kRowInRegisters) {
+        if (kChunks == 1 || a.dx == nullptr) refill(row + kStages * step, i % kStages);
+      }
     }
   }
   cluster.close();
@@ -1465,7 +1525,8 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
     }
   }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
-  size_t smem = size_t(staged_bwd_stages(s.packs)) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
+  size_t smem =
+      size_t(staged_bwd_stages<T, W, kRms>(s.packs)) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
   const bool fast = row_stage::fast_dram(info);
   if (s.packs == kPacks) {
     // no more than this many blocks per SM
