@@ -588,9 +588,9 @@ def test_cuda_rows_grouped_per_block(dtype, cols, op):
 def test_cuda_backward_many_rows_per_team(dtype, cols, op):
     """Rows enough for each persistent team of the staged backward (sm_90+: one block; clusters
     of 2, of 4 whose last threads own one pack of two, of 8, of 16 blocks of 256 (no cap on the
-    blocks per SM where DRAM is fast) and of 8 and 16 blocks of 512, whose bf16 layer_norm writes
-    each row's dx a row late) to refill its shared-memory stages and its cluster mailbox many
-    times over; 16-bit rows with fp32 params too (the 4-pack kernels' heaviest registers)."""
+    blocks per SM where DRAM is fast) and of 8 and 16 blocks of 512) to refill its shared-memory
+    stages and its cluster mailbox many times over; 16-bit rows with fp32 params too (the 4-pack
+    kernels' heaviest registers)."""
     x = torch.randn(3 + 2**24 // cols, cols, dtype=dtype, device="cuda")
     for mode in ["same", "none"] + (["fp32"] if dtype != torch.float32 else []):
         _check(op, x, [cols], *_params(op, mode, cols, dtype, "cuda"), 1e-5)

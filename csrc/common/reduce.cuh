@@ -59,14 +59,17 @@ __device__ __forceinline__ T partials_allreduce(const T* part, int warps, Op op)
 
 // All threads of the block (blockDim.x a multiple of 32) get op over every thread's v.
 // scratch: 32 slots of shared memory; it is free again when this returns.
+// warps: blockDim.x / 32, which a kernel of one block size passes as a constant (the lanes'
+// partial indices then fold away instead of holding registers across a row loop).
 template <typename T, typename Op>
-__device__ __forceinline__ T block_allreduce(T v, Op op, T* scratch) {
+__device__ __forceinline__ T block_allreduce(T v, Op op, T* scratch,
+                                             int warps = int(blockDim.x / 32)) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   v = group_allreduce<32>(v, op);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   // Every warp reduces the per-warp partials itself: no second broadcast barrier.
-  v = partials_allreduce(scratch, int(blockDim.x / 32), op);
+  v = partials_allreduce(scratch, warps, op);
   __syncthreads();  // scratch may be rewritten by the caller's next reduction
   return v;
 }

@@ -144,7 +144,7 @@ __device__ __forceinline__ int64_t team_row_step(const Team& team) {
 // The order of additions is fixed: deterministic.
 template <TeamKind kTeam, typename V, typename Op>
 __device__ __forceinline__ V team_allreduce(V v, Op op, const Team& team, V* scratch,
-                                            sm90::ClusterExchange<>& cluster) {
+                                            sm90::ClusterExchange& cluster) {
   if constexpr (kTeam == TeamKind::kWarp) {
     v = group_allreduce<kWarp>(v, op);
   } else if constexpr (kTeam == TeamKind::kWarpPart) {        // g lanes aligned in the warp: xor
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(fwd_max_threads(kPacks), 1)
   constexpr int kRowPacks = kWarp * kPacks;
   __shared__ Pack<W, VEC> staged_params[kStageParams ? 2 : 1][kStageParams ? kRowPacks : 1];
   const Team team = make_team<kTeam>(group);
-  sm90::ClusterExchange<> cluster(team.ranks);
+  sm90::ClusterExchange cluster(team.ranks);
   sm90::grid_dependency_wait();
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
@@ -654,7 +654,7 @@ __global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPack
   __shared__ Pack<W, VEC> staged_w[kStageW ? kWarp * kPacks : 1];
   using Acc = BwdAcc<VEC, kPacks, kTeam == TeamKind::kBlock>;
   const Team team = make_team<kTeam>(part.group);
-  sm90::ClusterExchange<> cluster(team.ranks);
+  sm90::ClusterExchange cluster(team.ranks);
   sm90::grid_dependency_wait();
   const int g = team.g, t = team.t;
   const int cols = static_cast<int>(a.cols);  // < 2^31 in the register tiers
@@ -866,21 +866,11 @@ __global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPack
 // with the old exchange -> this kernel). Capping registers to fit more blocks spilled and lost:
 // bf16 at 80 registers, 16384x4096, 74 / 77; so did, at 1024x131072, 16 blocks of 1024 threads
 // owning one pack each (64 registers) in place of 16 of 512 owning two (100-119): bf16 74.7 / 82.8
-// -> 64.2 / 70.9, fp16 73.6 / 79.6 -> 58.4 / 69.6.
+// -> 64.2 / 70.9, fp16 73.6 / 79.6 -> 58.4 / 69.6. Writing each row's dx a row late (posting
+// row i's sums to the cluster before writing row i - 1, three stages) measured level with this
+// loop once bf16 layer_norm's 4-pack kernel stopped spilling in it: what it had gained was the
+// spill (H200, bench/results/h200-norm-bwd-params-in-constants.txt).
 constexpr int kBwdStages = 2;
-// bf16 layer_norm's 4-pack kernel (rows split over clusters of 4-16 blocks) writes each row's dx
-// a row late: it posts row i's sums to the cluster, then writes row i - 1 from the totals that
-// came in while it summed row i, so that a block waits for its peers only where one is a whole
-// row behind (waiting for the cluster's totals at every row, the blocks' skew, took 14.9% of the
-// stall samples at 512x262144: bench/results/h200-norm-bwd-stats-in-stage.txt). Three stages:
-// the row being written, the row being summed, and the next row landing. H200, kernel-only % of
-// copy, bf16 layer_norm 2048x65536 / 1024x131072 / 512x262144 81.4 / 77.9 / 63.3 -> 87.2 / 84.2 /
-// 73.6 (Nsight Compute at 512x262144: 285 -> 250 us, issue slots 54 -> 69%). Where it measured
-// level or lost, it isn't used: rms_norm bf16 (-0.2 / +1.0 / -2.4), fp32 (layer_norm -1.6 / +2.6
-// at 65536 / 131072 columns); and with fp32 params beside 16-bit rows, or fp16 rows, ptxas
-// spilled 40-72 bytes at the 128-register cap and bf16 rows with fp32 params ran 27% slower
-// (1024x131072, 207 -> 269 us; bench/results/h200-norm-bwd-lag.txt).
-constexpr int kBwdLagStages = 3;
 // Rows under 8 KB keep the register tiers (the forward's engine starts at 4 KB): staged at 4 KB,
 // H100, rms_norm bf16 32768x2048 ran 89.4 -> 82.7 and fp32 65536x1024 87.9 -> 84.6.
 constexpr int kBwdStagedMinRowBytes = 8 << 10;
@@ -936,36 +926,28 @@ constexpr int staged_bwd_min_blocks() {
   return kPacks == kBwdStagedPacks ? kBwdStagedBlocksPerSm : 1;
 }
 template <int kPacks>
-constexpr int staged_bwd_threads() {
+__host__ __device__ constexpr int staged_bwd_threads() {
   return kPacks == kBwdStagedPacks ? kBwdStagedThreads : kBwdStagedLongThreads;
 }
-template <typename T, typename W, bool kRms>
-__host__ __device__ constexpr bool staged_bwd_lags(int packs) {
-  return packs == kBwdStagedLongPacks && !kRms && std::is_same_v<T, __nv_bfloat16> &&
-         std::is_same_v<W, T>;
-}
-template <typename T, typename W, bool kRms>
 __host__ __device__ constexpr int staged_bwd_stages(int packs) {
-  return packs > kBwdStagedLongPacks          ? 1
-         : staged_bwd_lags<T, W, kRms>(packs) ? kBwdLagStages
-                                              : kBwdStages;
+  return packs > kBwdStagedLongPacks ? 1 : kBwdStages;
 }
 
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kStatsInStage>
 __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_blocks<kPacks>())
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kStages = staged_bwd_stages<T, W, kRms>(kPacks);
+  constexpr int kStages = staged_bwd_stages(kPacks);
   // Two stages are refilled whole, one chunk by chunk (chunk k: pack k of every thread).
   constexpr int kChunks = kStages == 1 ? kPacks : 1;
-  constexpr bool kLag = staged_bwd_lags<T, W, kRms>(kPacks);  // each row's dx written a row late
-  extern __shared__ __align__(128) unsigned char staged[];    // [stage][x slice, dy slice]
+  constexpr int kWarps = staged_bwd_threads<kPacks>() / kWarp;  // blockDim.x / kWarp
+  extern __shared__ __align__(128) unsigned char staged[];      // [stage][x slice, dy slice]
   __shared__ uint64_t landed[kStages][kChunks];
   __shared__ float2 stats[kStages];  // (mean, rstd) of each stage's row, kStatsInStage
   __shared__ float2 scratch[kWarp];
   constexpr bool kRowInRegisters = kPacks == kBwdStagedPacks;  // else read from the stage
   const Team team = make_team<TeamKind::kBlock>(blockDim.x);
-  sm90::ClusterExchange<kLag ? 3 : 2> cluster(team.ranks);
+  sm90::ClusterExchange cluster(team.ranks);
   sm90::grid_dependency_wait();
   const int rank = team.t / blockDim.x, tid = threadIdx.x;
   const int64_t cols = a.cols;
@@ -1037,7 +1019,9 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
   __syncthreads();  // the barriers are initialized before anyone waits on them
   if (!kStatsInStage && kStatsAhead) load_stats(first);
 
-  const float inv_cols = 1.f / static_cast<float>(cols);  // c1, c2: multiplies, not divisions
+  // c1, c2 by multiplies, not divisions; 1 / cols read from the kernel's parameters, where it
+  // holds no register across the row loop (bf16 layer_norm's 4-pack kernel had spilled it).
+  const float inv_cols = a.inv_cols;
   // The team's i-th row is in stage i % kStages.
   auto wait = [&](int i, int c) {  // chunk c of the i-th row has landed
     if (chunk_size(c) > 0) sm90::mbar_wait(&landed[i % kStages][c], (i / kStages) & 1);
@@ -1140,41 +1124,16 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
       }
     }
   };
-  if constexpr (kLag) {
-    // Row i's sums are posted, then row i - 1's dx written from the totals that came in while
-    // this block summed row i, and row i - 1's stage refilled. Its mean and rstd are read again
-    // from that stage (kStatsInStage, which every lagging kernel has): fewer registers held.
-    static_assert(kStatsInStage, "the lagging kernel reads a row's statistics twice");
-    for (int i = 0;; ++i) {
-      const int64_t row = first + i * step;
-      const bool more = row < a.rows;
-      if (more) {
-        float mu, rs;
-        const float2 sum = sum_row(row, i, mu, rs);
-        if (a.dx != nullptr) cluster.post(block_allreduce(sum, Sum2Op(), scratch));  // uniform
-      }
-      if (i > 0) {
-        const int last = i - 1, s = last % kStages;
-        if (a.dx != nullptr) {
-          const float mu = kRms ? 0.f : stats[s].x, rs = stats[s].y;
-          write_dx(row - step, last, mu, rs, cluster.template collect<float2>(Sum2Op()));
-        }
-        refill(row - step + kStages * step, s);
-      }
-      if (!more) break;
+  int i = 0;
+  for (int64_t row = first; row < a.rows; row += step, ++i) {
+    float mu, rs;
+    float2 sum = sum_row(row, i, mu, rs);
+    if (a.dx != nullptr) {  // uniform over the grid
+      sum = cluster.exchange(block_allreduce(sum, Sum2Op(), scratch, kWarps), Sum2Op());
+      write_dx(row, i, mu, rs, sum);
     }
-  } else {
-    int i = 0;
-    for (int64_t row = first; row < a.rows; row += step, ++i) {
-      float mu, rs;
-      float2 sum = sum_row(row, i, mu, rs);
-      if (a.dx != nullptr) {  // uniform over the grid
-        sum = team_allreduce<TeamKind::kBlock>(sum, Sum2Op(), team, scratch, cluster);
-        write_dx(row, i, mu, rs, sum);
-      }
-      if constexpr (!kRowInRegisters) {
-        if (kChunks == 1 || a.dx == nullptr) refill(row + kStages * step, i % kStages);
-      }
+    if constexpr (!kRowInRegisters) {
+      if (kChunks == 1 || a.dx == nullptr) refill(row + kStages * step, i % kStages);
     }
   }
   cluster.close();
@@ -1525,8 +1484,7 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
     }
   }
   if (s.ranks == 0 || a.cols % (int64_t(s.ranks) * VEC) != 0) return {};
-  size_t smem =
-      size_t(staged_bwd_stages<T, W, kRms>(s.packs)) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
+  size_t smem = size_t(staged_bwd_stages(s.packs)) * 2 * size_t(a.cols / s.ranks) * sizeof(T);
   const bool fast = row_stage::fast_dram(info);
   if (s.packs == kPacks) {
     // no more than this many blocks per SM
@@ -1629,6 +1587,8 @@ cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, NormAcc<T>* workspace, con
   using A = NormAcc<T>;
   if (a.dx == nullptr && a.dw == nullptr && a.db == nullptr) return cudaSuccess;
   const BwdPlan<T, W> p = bwd_plan<T, W, kRms>(a, info);
+  NormBwdArgs<T, W> k = a;
+  k.inv_cols = 1.f / static_cast<float>(a.cols);
   const int64_t ld = partial_rows::ld(a.cols), n = (a.dw != nullptr) + (a.db != nullptr);
   PartialRows<A> part{a.dw != nullptr ? workspace : nullptr, nullptr, ld, p.group};
   if (a.db != nullptr) part.db = workspace + (a.dw != nullptr ? p.parts * ld : 0);
@@ -1637,7 +1597,7 @@ cudaError_t norm_bwd_cuda(const NormBwdArgs<T, W>& a, NormAcc<T>* workspace, con
         cudaMemsetAsync(workspace, 0, size_t(n * p.parts * ld) * sizeof(A), stream);
     if (err != cudaSuccess) return err;
   }
-  const cudaError_t err = launch(p.kernel, p.shape, info, stream, a, part);
+  const cudaError_t err = launch(p.kernel, p.shape, info, stream, k, part);
   if (err != cudaSuccess || n == 0 || p.writes_sums()) return err;
   const A* part0 = part.dw != nullptr ? part.dw : part.db;
   W* out0 = a.dw != nullptr ? a.dw : a.db;

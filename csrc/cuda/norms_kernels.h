@@ -46,6 +46,7 @@ struct NormBwdArgs {
   W* db;                   // [cols] or null when not wanted (always null for rms_norm)
   int64_t rows;            // > 0
   int64_t cols;            // > 0
+  float inv_cols = 0.f;    // 1 / cols: norm_bwd_cuda sets it (kernels read it as a parameter)
 };
 
 // NormAcc<T> elements of scratch norm_bwd_cuda needs for these arguments (0 when dw and db are

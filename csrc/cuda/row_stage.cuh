@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kMaxThreads, Policy::kMinBlocksPerSm)
   __shared__ float4 scratch[kMaxReductions][kMaxThreads / 32];  // a team's warp partials
 
   const int rank = p.ranks > 1 ? static_cast<int>(cg::this_cluster().block_rank()) : 0;
-  sm90::ClusterExchange<> cluster(p.ranks);
+  sm90::ClusterExchange cluster(p.ranks);
   sm90::grid_dependency_wait();
   const int team_threads = p.threads / p.teams;
   const int team = threadIdx.x / team_threads;

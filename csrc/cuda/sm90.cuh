@@ -107,22 +107,20 @@ __device__ __forceinline__ void cluster_wait() {
 // receiver's mbarrier) and waits only until its own mailbox is full, then folds the slots in
 // rank order (deterministic; the same result on every rank). A barrier-synchronized exchange
 // makes every block wait for the slowest at each reduction, and once more before exiting.
-// kSets sets of slots are used by turns. A block's set is written again kSets exchanges later: by
-// a peer only after that peer has this block's total of exchange kSets - 1 after it, which this
-// block's thread 0 pushes only after a block barrier that follows every thread's reads of the set
-// (each caller reduces within its block, behind a __syncthreads, before it posts). Two sets where
-// each exchange is collected before the next is posted; three where one is posted ahead.
-template <int kSets>
+// Two sets of slots are used by turns. A block's set is written again two exchanges later: by a
+// peer only after that peer has this block's total of the exchange in between, which this
+// block's thread 0 pushes only after a block barrier that follows every thread's reads (each
+// caller reduces within its block, behind a __syncthreads, before it exchanges).
+constexpr int kMailboxSets = 2;
 struct Mailbox {
-  uint4 slot[kSets][kMaxRanks];
-  uint64_t full[kSets];
+  uint4 slot[kMailboxSets][kMaxRanks];
+  uint64_t full[kMailboxSets];
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // The block's mailbox, at a fixed shared-memory address: no register holds a pointer to it.
-template <int kSets>
-__device__ __forceinline__ Mailbox<kSets>& block_mailbox() {
-  __shared__ Mailbox<kSets> box;
+__device__ __forceinline__ Mailbox& block_mailbox() {
+  __shared__ Mailbox box;
   return box;
 }
 
@@ -156,13 +154,9 @@ __device__ __forceinline__ void launch_dependents() {
 #endif
 }
 
-// One per thread, in registers; every thread of every block of the cluster constructs it and
-// calls exchange() (or post(), then collect()) the same number of times, with its block's total,
-// and close() before it exits. With ranks == 1 (no cluster, or not sm_90+) exchange() returns
-// its value; post() and collect() are for sm_90+ kernels, where collect() then returns what
-// post() was given. kSets = 3 lets a caller post an exchange before collecting the one before it
-// (a lag of one).
-template <int kSets = 2>
+// One per thread, in registers (two); every thread of every block of the cluster constructs it
+// and calls exchange() the same number of times, with its block's total, and close() before it
+// exits. With ranks == 1 (no cluster, or not sm_90+) exchange() returns its value.
 class ClusterExchange {
  public:
   __device__ explicit ClusterExchange(int ranks) : ranks_(ranks) {
@@ -170,10 +164,10 @@ class ClusterExchange {
     if (ranks_ == 1) return;
     if (threadIdx.x == 0) {
 #pragma unroll
-      for (int s = 0; s < kSets; ++s) mbar_init(&block_mailbox<kSets>().full[s]);
+      for (int s = 0; s < kMailboxSets; ++s) mbar_init(&block_mailbox().full[s]);
       fence_mbar_init();
     }
-    cluster_arrive();  // waited for at the first post, long after every block got here
+    cluster_arrive();  // waited for at the first exchange, long after every block got here
 #endif
   }
 
@@ -181,7 +175,7 @@ class ClusterExchange {
   __device__ V exchange(V v, Op op) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (ranks_ == 1) return v;
-    const unsigned n = posted_++;  // collected_ stays unused (not kept) where only this is called
+    const unsigned n = count_++;
     push(n, v);
     return fold<V>(n, op);
 #else
@@ -189,40 +183,11 @@ class ClusterExchange {
 #endif
   }
 
-  // Sends this block's total v of the next exchange to every block of the cluster (with no
-  // cluster, keeps it in the block's own slot: the caller need not hold it until collect()).
-  template <typename V>
-  __device__ void post(const V& v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned n = posted_++;
-    if (ranks_ > 1) {
-      push(n, v);
-    } else if (threadIdx.x == 0) {
-      memcpy(&block_mailbox<kSets>().slot[n % kSets][0], &v, sizeof(V));
-    }
-#endif
-  }
-
-  // The cluster's total of the oldest exchange posted and not yet collected, once every block's
-  // total is in.
-  template <typename V, typename Op>
-  __device__ V collect(Op op) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (ranks_ > 1) return fold<V>(collected_++, op);
-    __syncthreads();  // thread 0's post() is seen
-    V v;
-    memcpy(&v, &block_mailbox<kSets>().slot[collected_++ % kSets][0], sizeof(V));
-    return v;
-#else
-    return Op::template identity<V>();
-#endif
-  }
-
-  // A block may exit once its exchanges are collected: no peer writes to it after its last one.
-  // One that never posted still waits at the barrier it arrived at.
+  // A block may exit once its exchanges are done: no peer writes to it after its last one. One
+  // that never exchanged still waits at the barrier it arrived at.
   __device__ void close() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (ranks_ > 1 && posted_ == 0) cluster_wait();
+    if (ranks_ > 1 && count_ == 0) cluster_wait();
 #endif
   }
 
@@ -234,8 +199,8 @@ class ClusterExchange {
     static_assert(sizeof(V) <= sizeof(uint4), "ClusterExchange: at most 16 bytes");
     if (n == 0) cluster_wait();  // every block's mailbox is initialized
     if (threadIdx.x != 0) return;
-    Mailbox<kSets>& box = block_mailbox<kSets>();
-    const unsigned set = n % kSets;
+    Mailbox& box = block_mailbox();
+    const unsigned set = n % kMailboxSets;
     mbar_arrive_expect(&box.full[set], unsigned(ranks_ * sizeof(uint4)));
     uint4 word{};
     memcpy(&word, &v, sizeof(V));
@@ -249,9 +214,9 @@ class ClusterExchange {
   // bf16 layer_norm backward over 262144 columns, clusters of 16, 10% of its stall samples).
   template <typename V, typename Op>
   __device__ V fold(unsigned n, Op op) {
-    Mailbox<kSets>& box = block_mailbox<kSets>();
-    const unsigned set = n % kSets;
-    mbar_wait(&box.full[set], (n / kSets) & 1);
+    Mailbox& box = block_mailbox();
+    const unsigned set = n % kMailboxSets;
+    mbar_wait(&box.full[set], (n / kMailboxSets) & 1);
     V v = Op::template identity<V>();
     int q = 0;
 #pragma unroll 1
@@ -273,7 +238,7 @@ class ClusterExchange {
 #endif
 
   int ranks_;
-  unsigned posted_ = 0, collected_ = 0;
+  unsigned count_ = 0;  // exchanges so far
 };
 
 }  // namespace sm90

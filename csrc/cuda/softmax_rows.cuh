@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(kBlockMaxThreads)
 #else
   constexpr int ranks = 1, rank = 0;
 #endif
-  sm90::ClusterExchange<> cluster(ranks);
+  sm90::ClusterExchange cluster(ranks);
   sm90::grid_dependency_wait();
   const int g = rank * blockDim.x + threadIdx.x, G = ranks * blockDim.x;
   const int64_t cols = int64_t(npacks) * VEC;
