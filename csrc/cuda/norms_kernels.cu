@@ -1032,7 +1032,7 @@ __global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_b
   };
   using Words = PackWords<T, VEC>;
   constexpr int kHeld = kRowInRegisters ? kPacks : 1;
-  Words held_x[kHeld], held_dy[kHeld];
+  Words held_x[kHeld] = {}, held_dy[kHeld] = {};  // {}: nvcc can't see sum_row fill them first
   // Rows held in registers keep pass 1's x-hat and g for pass 2 (recomputed from the words
   // there, fp16 rows took 14% more instructions per row; bf16 and fp32 compile the same).
   float held_xh[kHeld][VEC], held_g[kHeld][VEC];
