@@ -868,8 +868,9 @@ __global__ void __launch_bounds__(bwd_threads(kPacks, VEC), bwd_min_blocks(kPack
 // owning one pack each (64 registers) in place of 16 of 512 owning two (100-119): bf16 74.7 / 82.8
 // -> 64.2 / 70.9, fp16 73.6 / 79.6 -> 58.4 / 69.6. Writing each row's dx a row late (posting
 // row i's sums to the cluster before writing row i - 1, three stages) measured level with this
-// loop once bf16 layer_norm's 4-pack kernel stopped spilling in it: what it had gained was the
-// spill (H200, bench/results/h200-norm-bwd-params-in-constants.txt).
+// loop once bf16 layer_norm's 4-pack kernel no longer spilled on the path from the cluster's
+// totals to the dx: what it had gained was that spill (H200,
+// bench/results/h200-norm-bwd-params-in-constants.txt).
 constexpr int kBwdStages = 2;
 // Rows under 8 KB keep the register tiers (the forward's engine starts at 4 KB): staged at 4 KB,
 // H100, rms_norm bf16 32768x2048 ran 89.4 -> 82.7 and fp32 65536x1024 87.9 -> 84.6.
