@@ -4,16 +4,21 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
 
 #include "common/device_info.h"
 #include "common/kernel_registry.h"
+#include "common/query_cache.h"
 
 namespace fusedops {
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks per cluster that every sm_90+ GPU runs; larger clusters need the kernel's opt-in.
+constexpr int kPortableClusterRanks = 8;
 
 // A launch of `blocks` blocks (a multiple of ranks), in clusters of `ranks` when ranks > 1.
 struct LaunchShape {
@@ -40,6 +45,37 @@ inline cudaLaunchConfig_t launch_config(const LaunchShape& l, cudaStream_t strea
     config.numAttrs = 1;
   }
   return config;
+}
+
+// Blocks (l.ranks == 1), or clusters of l.ranks blocks, of `kernel` at l's threads and dynamic
+// shared memory that the device holds at once; 0 where they can't run (more shared memory than
+// the kernel can opt into, a cluster the device refuses). Opts the kernel into its shared memory
+// and, past kPortableClusterRanks, into larger clusters first. A failed query of plain blocks
+// counts one per SM (their launch reports any error). Asked of the driver once per device,
+// kernel and shape.
+template <typename Kernel>
+int resident(Kernel kernel, const LaunchShape& l, const DeviceInfo& dev) {
+  if (l.smem > size_t(opt_in_smem(kernel, dev.max_smem_optin))) return 0;
+  const int smem = static_cast<int>(l.smem), threads_ranks = l.threads * 32 + l.ranks;
+  return query_once(reinterpret_cast<const void*>(kernel), smem, threads_ranks, [&](int) {
+    int fit = 0;
+    if (l.ranks == 1) {
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, l.threads, l.smem) !=
+          cudaSuccess) {
+        fit = 1;
+      }
+      fit *= dev.sm_count;
+    } else if (l.ranks <= kPortableClusterRanks ||
+               cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+                   cudaSuccess) {
+      cudaLaunchAttribute attr;
+      const cudaLaunchConfig_t config =
+          launch_config({l.ranks, l.threads, l.smem, l.ranks}, nullptr, &attr);
+      if (cudaOccupancyMaxActiveClusters(&fit, kernel, &config) != cudaSuccess) fit = 0;
+    }
+    cudaGetLastError();  // a failed query leaves no error behind
+    return std::max(fit, 0);
+  });
 }
 
 // Launches with the runtime's error, also cleared (a failed launch leaves none behind for later

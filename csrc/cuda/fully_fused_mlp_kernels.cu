@@ -28,9 +28,6 @@
 //   C 16x8:  c0,c1 = (g, 2t..2t+1), c2,c3 = (g+8, 2t..)
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 
 #include "common/launch.h"
@@ -950,36 +947,20 @@ __global__ void __launch_bounds__(max_warps(W, true, kWeightGrads) * 32,
   }
 }
 
-// Resident blocks per SM for (kernel, dynamic shared memory) on the current device, computed once;
-// also lets the kernel use all of the shared memory a block may opt into there (always the maximum,
-// so that a smaller problem never lowers the limit a larger one relies on).
+// Blocks of `warps` warps and `smem` bytes that the device holds at once, at least one per SM
+// (the launch reports any error). resident() also lets the kernel use all of the shared memory a
+// block may opt into: always the maximum, so that a smaller problem never lowers the limit a
+// larger one relies on.
 template <typename Kernel>
-int blocks_per_sm(Kernel kernel, int warps, size_t smem, const DeviceInfo& dev) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, int, size_t>, int> cache;
-  int device = 0;
-  cudaGetDevice(&device);
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, warps, smem);
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  int blocks = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           dev.max_smem_optin) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, warps * 32, smem) !=
-          cudaSuccess) {
-    return 0;  // the caller launches anyway and reports the runtime's error
-  }
-  cache[key] = blocks;
-  return blocks;
+int64_t resident_blocks(Kernel kernel, int warps, size_t smem, const DeviceInfo& dev) {
+  return std::max(resident(kernel, {1, warps * 32, smem, 1}, dev), dev.sm_count);
 }
 
+// A tile of rows for each warp, in no more blocks than the device holds at once.
 template <typename Kernel>
 int grid_size(Kernel kernel, const FfmShape& s, int warps, size_t smem, const DeviceInfo& dev) {
   const int64_t tiles = (s.rows + warps * kTileRows - 1) / (warps * kTileRows);
-  const int per_sm = blocks_per_sm(kernel, warps, smem, dev);
-  const int64_t resident = int64_t(dev.sm_count) * (per_sm > 0 ? per_sm : 1);
-  return int(tiles < resident ? tiles : resident);
+  return int(std::min(tiles, resident_blocks(kernel, warps, smem, dev)));
 }
 
 template <typename T, typename Params, typename Kernel>
@@ -1098,9 +1079,7 @@ FfmBackwardPlan ffm_backward_plan(const FfmShape& s, const DeviceInfo& dev) {
     // full chunk): as many as keep the chunk's GEMM inputs within kGemmChunkBytes, and no more
     // than cover half the batch (kMinChunks: the whole batch's took a GELU network's step above
     // eager's peak).
-    const int64_t wave_rows = int64_t(dev.sm_count) *
-                              std::max(blocks_per_sm(kernel, warps, smem, dev), 1) * warps *
-                              kTileRows;
+    const int64_t wave_rows = resident_blocks(kernel, warps, smem, dev) * warps * kTileRows;
     const int64_t row_bytes =
         int64_t(sizeof(T)) * ((s.matrices - 1) * s.hidden * (is_gelu(s.act) ? 2 : 1) +
                               (s.out_act != MlpActivation::kNone ? s.out : 0));

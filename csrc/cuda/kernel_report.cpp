@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/kernel_registry.h"
+#include "common/launch.h"
 
 namespace fusedops::kernel_registry {
 namespace {
@@ -78,17 +79,9 @@ std::string cuda_kernel_report(int64_t device) {
            "\tmax_dynamic_smem=" + to_string(attr.maxDynamicSharedSizeBytes) +
            "\tactive_blocks_per_sm=" + to_string(blocks);
     if (launch.ranks > 1) {  // clusters also need their blocks co-resident on one GPC
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(static_cast<unsigned>(launch.ranks));
-      config.blockDim = dim3(static_cast<unsigned>(launch.threads));
-      config.dynamicSmemBytes = launch.smem;
       cudaLaunchAttribute cluster;
-      cluster.id = cudaLaunchAttributeClusterDimension;
-      cluster.val.clusterDim.x = static_cast<unsigned>(launch.ranks);
-      cluster.val.clusterDim.y = 1;
-      cluster.val.clusterDim.z = 1;
-      config.attrs = &cluster;
-      config.numAttrs = 1;
+      const cudaLaunchConfig_t config = launch_config(
+          {launch.ranks, launch.threads, launch.smem, launch.ranks}, nullptr, &cluster);
       int clusters = 0;
       check(cudaOccupancyMaxActiveClusters(&clusters, launch.func, &config),
             "cudaOccupancyMaxActiveClusters");

@@ -1363,7 +1363,7 @@ cudaError_t norm_fwd_vec(const NormFwdArgs<T, W>& a, const DeviceInfo& info, cud
     // 512-thread blocks; fp32 68 as 2 x 1024, 72 as 4 x 512; 1024x131072 bf16 50 as 4 x 1024,
     // 55 as 8 x 512. Clusters of 16 (non-portable) were no faster than 8 x 1024 or the loop.
     constexpr int kPacks = VEC > 1 ? kFwdPacks : kFwdScalars;
-    const int max_ranks = info.has_clusters() ? sm90::kPortableRanks : 1;
+    const int max_ranks = info.has_clusters() ? kPortableClusterRanks : 1;
     const std::pair<int, int> caps[] = {// threads per block, blocks per team
                                         {fwd_max_threads(kPacks), 1},
                                         {kFwdClusterThreads, max_ranks},
@@ -1395,52 +1395,15 @@ struct BwdPlan {
   bool writes_sums() const { return parts == 1 && !zeroed_partials; }
 };
 
-// Blocks (clusters) of p's kernel and launch shape that fit on the device at once, after opting
-// the kernel into shared memory and its cluster size; 0 when such a cluster can't run at all.
-// Asked of the driver once per device and shape (query_once).
-template <typename T, typename W>
-int bwd_resident(const BwdPlan<T, W>& p, const DeviceInfo& info) {
-  const LaunchShape& l = p.shape;
-  auto query = [&](int) {
-    // Opted in at any size: without it dynamic and static shared memory together may not pass
-    // 48 KB. The staged backward's 48 KB of stages (bf16 98304 columns, 16-block clusters) found
-    // no room and a slower tier ran; a team of fewer blocks would have failed to launch.
-    if (l.smem > size_t(opt_in_smem(p.kernel, info.max_smem_optin))) {
-      return 0;
-    }
-    int fit = 0;
-    if (l.ranks == 1) {
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, p.kernel, l.threads, l.smem) ==
-          cudaSuccess) {
-        fit *= info.sm_count;
-      }
-    } else {
-      if (l.ranks > sm90::kPortableRanks &&
-          cudaFuncSetAttribute(p.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-              cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-      }
-      cudaLaunchAttribute attr;
-      LaunchShape one = l;
-      one.blocks = l.ranks;
-      const cudaLaunchConfig_t config = launch_config(one, nullptr, &attr);
-      if (cudaOccupancyMaxActiveClusters(&fit, p.kernel, &config) != cudaSuccess) fit = 0;
-    }
-    cudaGetLastError();  // a failed query leaves no error behind
-    if (fit < 1 && l.ranks <= sm90::kPortableRanks) fit = std::max(1, info.sm_count / l.ranks);
-    return std::max(fit, 0);
-  };
-  return query_once(reinterpret_cast<const void*>(p.kernel), static_cast<int>(l.smem),
-                    l.threads * 32 + l.ranks, query);
-}
-
 // As many blocks (clusters) as fit on the device at once, each writing one partial row; fewer
-// when there aren't enough rows. False when a cluster of this size can't run at all.
+// when there aren't enough rows. False when a cluster of this size can't run at all. (resident()
+// opts the kernel into shared memory at any size: without it dynamic and static shared memory
+// together may not pass 48 KB, and the staged backward's 48 KB of stages, bf16 98304 columns in
+// 16-block clusters, had found no room.)
 template <typename T, typename W>
 bool size_bwd_grid(BwdPlan<T, W>& p, int64_t rows, const DeviceInfo& info) {
   LaunchShape& l = p.shape;
-  const int fit = bwd_resident(p, info);
+  const int fit = resident(p.kernel, l, info);
   if (fit < 1) return false;
   const int64_t teams = ceil_div(rows, l.ranks > 1 ? 1 : l.threads / p.group);
   p.parts = std::min<int64_t>(teams, fit);

@@ -359,30 +359,6 @@ Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& 
           smem};
 }
 
-// Whether `ranks`-block clusters of this kernel with `smem` bytes of dynamic shared memory each
-// can run. Asked once per device and size.
-template <auto kKernel>
-bool can_run(int smem, int ranks, int threads, const DeviceInfo& dev) {
-  const int opted = opt_in_smem(kKernel, dev.max_smem_optin);
-  if (smem > opted) return false;
-  if (ranks == 1) return true;
-  return query_once(reinterpret_cast<const void*>(kKernel), smem * 32 + ranks, threads, [&](int) {
-           if (ranks > sm90::kPortableRanks &&
-               cudaFuncSetAttribute(kKernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) !=
-                   cudaSuccess) {
-             cudaGetLastError();
-             return 0;
-           }
-           cudaLaunchAttribute attr;
-           const cudaLaunchConfig_t config =
-               launch_config({ranks, threads, size_t(smem), ranks}, nullptr, &attr);
-           int fit = 0;
-           if (cudaOccupancyMaxActiveClusters(&fit, kKernel, &config) != cudaSuccess) fit = 0;
-           cudaGetLastError();  // a failed query leaves no error behind
-           return fit;
-         }) > 0;
-}
-
 // Launches Policy over the rows when plan() takes them; false otherwise (the caller's other
 // tiers run). One block (cluster) per row group: the hardware scheduler balances them. Clusters
 // of up to 16 (non-portable: the H100 and H200 run them), else (a GPU that doesn't, or a row
@@ -395,11 +371,13 @@ bool try_launch(const typename Policy::Args& a, int64_t rows, int64_t cols, cons
   for (int j = 0; j < Policy::kParams; ++j) params += Policy::param(a, j) != nullptr;
   auto regs = [] { return registers_per_thread(kernel); };
   Plan p = plan<Policy>(rows, cols, VEC, sm90::kMaxRanks, dev, params, regs);
-  if (p.ranks == 0 ||
-      (p.ranks > sm90::kPortableRanks && !can_run<kernel>(p.smem, p.ranks, p.threads, dev))) {
-    p = plan<Policy>(rows, cols, VEC, sm90::kPortableRanks, dev, params, regs);
+  auto can_run = [&] {
+    return resident(kernel, {p.ranks, p.threads, size_t(p.smem), p.ranks}, dev) > 0;
+  };
+  if (p.ranks == 0 || (p.ranks > kPortableClusterRanks && !can_run())) {
+    p = plan<Policy>(rows, cols, VEC, kPortableClusterRanks, dev, params, regs);
   }
-  if (p.ranks == 0 || !can_run<kernel>(p.smem, p.ranks, p.threads, dev)) return false;
+  if (p.ranks == 0 || !can_run()) return false;
   const int64_t blocks = (rows + p.teams - 1) / p.teams * p.ranks;
   if (blocks > INT32_MAX) return false;
   *err =

@@ -8,11 +8,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/launch.h"
+
 namespace fusedops {
 namespace sm90 {
 
-constexpr int kMaxRanks = 16;      // blocks per cluster (16 is non-portable; the H100 allows it)
-constexpr int kPortableRanks = 8;  // blocks per cluster that every sm_90+ GPU runs
+constexpr int kMaxRanks = 16;  // blocks per cluster (16 is non-portable; the H100 allows it)
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned smem_addr(const void* p) {

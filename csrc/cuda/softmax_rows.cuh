@@ -19,7 +19,6 @@
 #include "common/device_info.h"
 #include "common/kernel_registry.h"
 #include "common/launch.h"
-#include "common/query_cache.h"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "cuda/sm90.cuh"
@@ -350,7 +349,7 @@ inline Plan plan(int64_t npacks, int vec, int items_max, const DeviceInfo& dev) 
   // Several packs per thread keep loads in flight (kTargetPacks, more only when needed); <= 512
   // threads per CTA let two CTAs share an SM, one reducing while the other loads. Longer rows
   // split over a cluster first, and only then do CTAs grow to 1024 threads.
-  const int max_ranks = dev.has_clusters() ? sm90::kPortableRanks : 1;
+  const int max_ranks = dev.has_clusters() ? kPortableClusterRanks : 1;
   for (int threads_cap : {kBlockTargetThreads, kBlockMaxThreads}) {
     for (int ranks = 1; ranks <= max_ranks; ranks *= 2) {
       const int64_t per_rank = ceil_div(npacks, ranks);
@@ -377,23 +376,10 @@ bool dispatch_int(int n, F&& f) {
 // many as fit at once, striding over the groups (a striding grid larger than that runs in
 // waves whose last one starts only after whole CTAs of the first have finished all their rows;
 // seen: 1.6 waves, ~20% lost). Occupancy is queried once per device, kernel, block size and
-// cluster size.
+// cluster size; a failed query counts one (the launch reports any error).
 template <auto kKernel>
 int64_t grid_for(int threads, int ranks, int64_t groups, const DeviceInfo& dev) {
-  const int fit = query_once(reinterpret_cast<const void*>(kKernel), threads, ranks, [&](int) {
-    int n = 0;
-    if (ranks == 1) {
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kKernel, threads, 0) == cudaSuccess) {
-        n *= dev.sm_count;
-      }
-    } else {
-      cudaLaunchAttribute attr;
-      const cudaLaunchConfig_t config = launch_config({ranks, threads, 0, ranks}, nullptr, &attr);
-      if (cudaOccupancyMaxActiveClusters(&n, kKernel, &config) != cudaSuccess) n = 0;
-    }
-    cudaGetLastError();  // a failed query leaves n at 0: use 1 rather than poison the launch
-    return n > 1 ? n : 1;
-  });
+  const int fit = std::max(resident(kKernel, {ranks, threads, 0, ranks}, dev), 1);
   if (ranks == 1 && groups >= 2 * int64_t(fit)) return std::min<int64_t>(groups, INT_MAX);
   return std::min<int64_t>(groups, fit) * ranks;
 }
