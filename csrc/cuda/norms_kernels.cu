@@ -926,23 +926,22 @@ template <int kPacks>
 constexpr int staged_bwd_min_blocks() {
   return kPacks == kBwdStagedPacks ? kBwdStagedBlocksPerSm : 1;
 }
-template <int kPacks>
-__host__ __device__ constexpr int staged_bwd_threads() {
-  return kPacks == kBwdStagedPacks ? kBwdStagedThreads : kBwdStagedLongThreads;
+__host__ __device__ constexpr int staged_bwd_threads(int packs) {
+  return packs == kBwdStagedPacks ? kBwdStagedThreads : kBwdStagedLongThreads;
 }
 __host__ __device__ constexpr int staged_bwd_stages(int packs) {
   return packs > kBwdStagedLongPacks ? 1 : kBwdStages;
 }
 
 template <typename T, typename W, bool kRms, int VEC, int kPacks, bool kStatsInStage>
-__global__ void __launch_bounds__(staged_bwd_threads<kPacks>(), staged_bwd_min_blocks<kPacks>())
+__global__ void __launch_bounds__(staged_bwd_threads(kPacks), staged_bwd_min_blocks<kPacks>())
     norm_bwd_staged_kernel(NormBwdArgs<T, W> a, PartialRows<float> part) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kStages = staged_bwd_stages(kPacks);
   // Two stages are refilled whole, one chunk by chunk (chunk k: pack k of every thread).
   constexpr int kChunks = kStages == 1 ? kPacks : 1;
-  constexpr int kWarps = staged_bwd_threads<kPacks>() / kWarp;  // blockDim.x / kWarp
-  extern __shared__ __align__(128) unsigned char staged[];      // [stage][x slice, dy slice]
+  constexpr int kWarps = staged_bwd_threads(kPacks) / kWarp;  // blockDim.x / kWarp
+  extern __shared__ __align__(128) unsigned char staged[];    // [stage][x slice, dy slice]
   __shared__ uint64_t landed[kStages][kChunks];
   __shared__ float2 stats[kStages];  // (mean, rstd) of each stage's row, kStatsInStage
   __shared__ float2 scratch[kWarp];
@@ -1455,7 +1454,11 @@ BwdPlan<T, W> staged_bwd_plan(const NormBwdArgs<T, W>& a, const DeviceInfo& info
     const int blocks = fast ? kBwdStagedBlocksPerSmFastDram : kBwdStagedBlocksPerSm;
     smem = std::max(smem, size_t(info.smem_per_sm / (blocks + 1)));
   }
-  return {kernel, {0, s.threads, smem, s.ranks}, s.threads, false, 0};
+  // The kernel's full block, whatever the team's shape asked for (threads past the slice add
+  // zeros): its block all-reduce counts the warps at compile time. Blocks of the team's 192 or
+  // 320 threads summed stale partials (fp32 rms_norm 6000 columns, bf16 40000).
+  const int threads = staged_bwd_threads(s.packs);
+  return {kernel, {0, threads, smem, s.ranks}, threads, false, 0};
 }
 
 // The staged kernel on sm_90+, then warp teams for short rows, block and cluster teams (x and
