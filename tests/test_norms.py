@@ -598,6 +598,18 @@ def test_cuda_backward_many_rows_per_team(dtype, cols, op):
 
 @cuda_only
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cols", [4096, 65536, 262144])
+def test_cuda_backward_rows_far_from_zero(dtype, cols):
+    """layer_norm rows whose mean is 100 standard deviations from zero, through each staged
+    backward kernel (sm_90+: 2, 4 and 8 packs per thread). They take x-hat as x * rstd - mean *
+    rstd in one FMA, and the kernels that re-read the row from shared memory take dx from x, not
+    x-hat: the mean's products cancel there, and their rounding must stay within the rule."""
+    x = (torch.randn(max(8, 2**21 // cols), cols, dtype=torch.float64) + 100).to(dtype).cuda()
+    _check("layer_norm", x, [cols], *_params("layer_norm", "same", cols, dtype, "cuda"), 1e-5)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cols", [16, 64, 256, 768])
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_forward_rows_of_many_waves(dtype, cols, op):
