@@ -603,7 +603,8 @@ def test_cuda_backward_rows_far_from_zero(dtype, cols):
     """layer_norm rows whose mean is 100 standard deviations from zero, through each staged
     backward kernel (sm_90+: 2, 4 and 8 packs per thread). The 4-pack one (16-bit 65536 and
     262144 columns, fp32 65536) takes x-hat as x * rstd - mean * rstd in one FMA and dx from x,
-    not x-hat: the mean's products cancel there, and their rounding must stay within the rule."""
+    not x-hat: the mean's products cancel there, and their rounding must stay within the rule.
+    The staged forward of 16-bit rows takes x-hat the same way (the forward is checked too)."""
     x = (torch.randn(max(8, 2**21 // cols), cols, dtype=torch.float64) + 100).to(dtype).cuda()
     _check("layer_norm", x, [cols], *_params("layer_norm", "same", cols, dtype, "cuda"), 1e-5)
 

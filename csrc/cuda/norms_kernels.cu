@@ -237,8 +237,9 @@ __device__ __forceinline__ PackParams<W, VEC> load_params(const W* w, const W* b
 
 // out = (v - mu) * rs * w + b for one pack; kW / kB: whether w / b are there (with_params).
 // Known at compile time, the params are widened by words and x-hat * w + b is one FFMA, where
-// per-element predicates kept the multiply and the add apart.
-template <int VEC, bool kW, bool kB, typename A, typename W>
+// per-element predicates kept the multiply and the add apart. kFmaXHat: x-hat = v * rs - mu * rs
+// in one FMA (its rounding, ~2^-24 |mu| rs, far below a 16-bit output's).
+template <int VEC, bool kW, bool kB, bool kFmaXHat = false, typename A, typename W>
 __device__ __forceinline__ void normalize_pack(const A (&v)[VEC], A mu, A rs,
                                                const PackParams<W, VEC>& pp, A (&out)[VEC]) {
   A wv[VEC], bv[VEC];
@@ -246,7 +247,7 @@ __device__ __forceinline__ void normalize_pack(const A (&v)[VEC], A mu, A rs,
   if constexpr (kB) widen_to(pp.b, bv);
 #pragma unroll
   for (int j = 0; j < VEC; ++j) {
-    const A xhat = (v[j] - mu) * rs;
+    const A xhat = kFmaXHat ? fma(v[j], rs, -mu * rs) : (v[j] - mu) * rs;
     if constexpr (kW && kB) {
       out[j] = xhat * wv[j] + bv[j];
     } else if constexpr (kW) {
@@ -478,6 +479,12 @@ struct NormFwdStaged {
   // at 40 registers, its w and b of two packs spilled: 4096x32768 97.4 -> 89.5). Loading the first
   // batch before the reductions spilled too: 8-13 points lower.
   static constexpr int kBatch = sizeof(Pack<W, VEC>) > 16 ? 1 : sizeof(T) == 2 ? 4 : kRms ? 2 : 1;
+  // layer_norm's x-hat in one FMA (normalize_pack) for 16-bit rows and params. H200, kernel-only
+  // % of copy, bf16, two rounds each: 8192x16384 86.5-86.6 -> 87.5, 1024x131072 76.5-76.9 ->
+  // 78.0-78.2, the rest level or within half a point
+  // (bench/results/h200-layer_norm-fwd-fma-xhat.txt). fp32 rows read level and keep x - mu;
+  // with fp32 params ptxas spilled 24 bytes.
+  static constexpr bool kFmaXHat = !kRms && sizeof(T) == 2 && sizeof(W) == 2;
 
   // par: the block's staged slices of w and b, or null (then they are read from global memory).
   template <typename Reduce>
@@ -527,7 +534,7 @@ struct NormFwdStaged {
           const int p = p0 + k * sl.n;
           float v[VEC], out[VEC];
           widen(load_pack<T, VEC>(x + p * VEC), v);
-          normalize_pack<VEC, kW, kB>(v, mu, rs, pp[k], out);
+          normalize_pack<VEC, kW, kB, kFmaXHat>(v, mu, rs, pp[k], out);
           store(p, out);
         }
       };
