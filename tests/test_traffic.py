@@ -129,6 +129,38 @@ def test_stalls_from_an_ncu_raw_page():
     assert "long_scoreboard 6.53" in table and "181.1" in table
 
 
+def test_source_lines_from_an_ncu_source_page():
+    """A real capture, trimmed to 22 of its 1016 instructions (H200, the staged rms_norm backward,
+    16384x4096 bf16: `ncu -i REPORT --page source --csv --print-source sass`, as
+    bench/ncu_lines.sh exports it)."""
+    path = NCU.parent / "ncu-stalls" / "rms_norm_bwd-16384x4096-bf16-source.csv"
+    (k,) = traffic.source_lines(path.read_text(), top=3)
+    assert "norm_bwd_staged_kernel" in k["kernel"]
+    # The kept instructions' samples, and each reason's: what the page holds, summed.
+    assert k["samples"] == sum(
+        n for _, _, n, _ in traffic.source_lines(path.read_text(), 99)[0]["lines"]
+    )
+    assert k["samples"] == sum(n for _, n in k["reasons"])
+    assert [n for _, _, n, _ in k["lines"]] == [1910, 1260, 913]
+    addr, src, n, reasons = k["lines"][0]
+    assert src.startswith("@!P4") and "BRA" in src and addr.startswith("0x")
+    assert reasons[0] == ("long_sb", 1879)  # waiting on the stage's bulk copies
+    assert k["lines"][2][1].startswith("LDS.64") and k["lines"][2][3][0] == ("barrier", 883)
+    assert k["reasons"][0][0] == "long_sb" and all(n > 0 for _, n in k["reasons"])
+    table = traffic.source_lines_table([k])
+    assert "norm_bwd_staged_kernel" in table and "long_sb 1879" in table
+
+
+def test_source_lines_sections_and_errors():
+    page = (NCU.parent / "ncu-stalls" / "rms_norm_bwd-16384x4096-bf16-source.csv").read_text()
+    two = page + page.replace("norm_bwd_staged_kernel", "second_kernel", 1)
+    first, second = traffic.source_lines(two)
+    assert "norm_bwd_staged_kernel" in first["kernel"] and "second_kernel" in second["kernel"]
+    assert first["samples"] == second["samples"] and first["lines"] == second["lines"]
+    with pytest.raises(ValueError, match="no ncu source page"):
+        traffic.source_lines("==PROF== Disconnected\n")
+
+
 def test_stalls_needs_its_metrics():
     text = (NCU / "softmax_fwd-16384x8192-bf16-fused.csv").read_text()
     with pytest.raises(ValueError, match="not in the CSV"):

@@ -11,8 +11,12 @@ the Nsight Compute measurement that checks it.
     python -m fusedops.tools.traffic stalls FILE
         an ncu CSV of STALL_METRICS: per kernel, time, DRAM and issue use, occupancy, and
         where its warps wait
+    python -m fusedops.tools.traffic lines FILE [--top N]
+        an ncu source page (SASS with its warp-state samples): per kernel, the samples per
+        reason and the N instructions that gathered the most
 
-bench/ncu_traffic.sh runs `run` and `compare`; bench/ncu_stalls.sh runs `run` and `stalls`.
+bench/ncu_traffic.sh runs `run` and `compare`; bench/ncu_stalls.sh runs `run` and `stalls`;
+bench/ncu_lines.sh runs `run` and `lines`.
 The model assumes inputs much larger than the L2 cache (every full-size tensor an op touches
 crosses DRAM once per op), and vectors of N parameters or of one statistic per row read or
 written once per op. Fused: what the kernel's contract moves
@@ -400,6 +404,85 @@ def stalls_table(kernels: list[dict]) -> str:
     return _table(head, lines)
 
 
+def source_lines(text: str, top: int = 12) -> list[dict]:
+    """Per kernel of an ncu source page (`ncu -i REPORT --page source --csv --print-source sass`,
+    the report taken with `--set full --import-source yes`): {"kernel", "samples" (warp-state
+    samples in all), "reasons": [(reason, samples), ...] largest first, "lines": the `top`
+    instructions with the most samples, [(address, instruction, samples, [(reason, samples), ...]
+    its three largest)]}. Each kernel's section starts with a "Kernel Name" row."""
+    kernels: list[dict] = []
+    header: list[str] = []
+    for row in csv.reader(io.StringIO(text)):
+        if row[:1] == ["Kernel Name"]:
+            kernels.append({"kernel": row[1], "rows": []})
+            header = []
+        elif row[:1] == ["Address"]:
+            header = row
+        elif kernels and header and len(row) == len(header):
+            kernels[-1]["rows"].append(dict(zip(header, row, strict=True)))
+    if not kernels or not all(k["rows"] for k in kernels):
+        raise ValueError(
+            'fusedops.tools.traffic.source_lines: no ncu source page (a "Kernel Name" row, then '
+            'an "Address" header and a row per instruction)'
+        )
+
+    def count(value: str) -> float:
+        return float(value.replace(",", "") or 0)
+
+    out = []
+    for k in kernels:
+        # stall_<reason> columns count every sample; "(Not Issued)" ones are a subset of them.
+        reasons = [c for c in k["rows"][0] if c.startswith("stall_") and "(" not in c]
+        lines = [
+            (
+                r["Address"],
+                r["Source"].strip(),
+                count(r["# Samples"]),
+                sorted(((c[6:], count(r[c])) for c in reasons), key=lambda w: -w[1]),
+            )
+            for r in k["rows"]
+        ]
+        totals = {c[6:]: sum(count(r[c]) for r in k["rows"]) for c in reasons}
+        out.append(
+            {
+                "kernel": k["kernel"],
+                "samples": sum(line[2] for line in lines),
+                "reasons": sorted(
+                    ((r, n) for r, n in totals.items() if n > 0), key=lambda w: -w[1]
+                ),
+                "lines": [
+                    (a, src, n, [w for w in ws[:3] if w[1] > 0])
+                    for a, src, n, ws in sorted(lines, key=lambda line: -line[2])[:top]
+                ],
+            }
+        )
+    return out
+
+
+def source_lines_table(kernels: list[dict]) -> str:
+    parts = []
+    for k in kernels:
+        total = k["samples"] or 1
+        reasons = [[r, f"{n:.0f}", f"{100 * n / total:.1f}"] for r, n in k["reasons"]]
+        lines = [
+            [
+                addr,
+                f"{n:.0f}",
+                f"{100 * n / total:.1f}",
+                src if len(src) <= 48 else src[:45] + "...",
+                " ".join(f"{r} {c:.0f}" for r, c in ws),
+            ]
+            for addr, src, n, ws in k["lines"]
+        ]
+        parts.append(
+            f"{k['kernel']}\n{k['samples']:.0f} warp-state samples\n"
+            + _table(["waiting on", "samples", "%"], reasons)
+            + "\n\n"
+            + _table(["address", "samples", "%", "instruction", "largest reasons"], lines)
+        )
+    return "\n\n".join(parts)
+
+
 def compare(directory: str | Path) -> list[dict]:
     """Measured vs model for each <op>-<rows>x<n>-<dtype>-<variant>.csv under directory."""
     out = []
@@ -509,6 +592,9 @@ def main(argv=None) -> None:
     cmp.add_argument("dir")
     st = sub.add_parser("stalls", help="an ncu CSV of STALL_METRICS, summarized per kernel")
     st.add_argument("file")
+    ln = sub.add_parser("lines", help="an ncu source page: where in the SASS the warps wait")
+    ln.add_argument("file")
+    ln.add_argument("--top", type=int, default=12, help="instructions listed per kernel")
     args = ap.parse_args(argv)
     if args.command == "run":
         _run(args.op, args.shape, args.dtype, args.variant)
@@ -516,6 +602,8 @@ def main(argv=None) -> None:
         print(compare_table(compare(args.dir)))
     elif args.command == "stalls":
         print(stalls_table(stalls(Path(args.file).read_text())))
+    elif args.command == "lines":
+        print(source_lines_table(source_lines(Path(args.file).read_text(), args.top)))
     else:
         if bad := [op for op in args.ops.split(",") if op not in OPS]:
             ap.error(f"unknown op(s) {bad}; known: {', '.join(OPS)}")
