@@ -611,6 +611,28 @@ def test_cuda_backward_rows_far_from_zero(dtype, cols):
 
 @cuda_only
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("cols", [4096, 32768, 262144])
+def test_cuda_forward_rows_with_outliers(dtype, cols):
+    """layer_norm rows whose every 64th element is 1000 standard deviations out: the staged
+    forward of 16-bit rows sums each thread's d = x - k and d^2 about its first element k, and
+    those outliers are where threads start (teams, one block, clusters); a constant row too."""
+    rows = max(8, 2**21 // cols)
+    x = torch.randn(rows, cols, dtype=torch.float64)
+    x[:, ::64] = 1000.0
+    x[0] = 3.0
+    x = x.to(dtype).cuda()
+    _check(
+        "layer_norm",
+        x,
+        [cols],
+        *_params("layer_norm", "same", cols, dtype, "cuda"),
+        1e-5,
+        grad=False,
+    )
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("cols", [16, 64, 256, 768])
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_forward_rows_of_many_waves(dtype, cols, op):

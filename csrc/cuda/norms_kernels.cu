@@ -486,6 +486,42 @@ struct NormFwdStaged {
   // with fp32 params ptxas spilled 24 bytes.
   static constexpr bool kFmaXHat = !kRms && sizeof(T) == 2 && sizeof(W) == 2;
 
+  // layer_norm's statistics of 16-bit rows from one pass over the staged row, where a second
+  // pass summed (v - mean)^2 once the mean was reduced: this thread's sums of d = v - k and d^2,
+  // k its first element, give its part of the row's sum and, once the mean is known, of the
+  // squared deviations: sum (d + e)^2 = s2 + e * (2 * s1 + n * e), e = k - mean. k being one of
+  // the thread's own values, (k - their mean)^2 is at most their squared deviations, so s2 is
+  // within n + 1 times them: the cancellation costs at most log2(n + 1) bits of the fp32 sum,
+  // for rows far from zero too (where a raw sum of squares loses them all). H200, kernel-only %
+  // of copy, bf16, two rounds: 1024x131072 78.7-78.8 -> 81.4, 512x262144 75.6-75.7 -> 78.1,
+  // 4096x32768 84.2 -> 84.8, the rest level. fp32 rows lost 1-9 points (an 8-byte spill at
+  // their 40 registers; 512x262144 74.2 -> 67.7) and keep two passes
+  // (bench/results/h200-layer_norm-fwd-shifted-sums.txt).
+  static constexpr bool kShiftedSums = !kRms && sizeof(T) == 2;
+  struct ShiftedSums {
+    float k, n, s1, s2;  // n: the thread's elements (0 past its slice: every term is 0)
+    __device__ float sum() const { return s1 + n * k; }
+    __device__ float squared_deviations(float mean) const {
+      const float e = k - mean;
+      return s2 + e * (2.f * s1 + n * e);
+    }
+  };
+  __device__ static ShiftedSums shifted_sums(const T* x, const row_stage::Slice& sl) {
+    ShiftedSums s{sl.t < sl.packs ? to_acc(x[sl.t * VEC]) : 0.f, 0.f, 0.f, 0.f};
+    row_stage::for_packs(sl, [&](int p) {
+      float v[VEC];
+      widen(load_pack<T, VEC>(x + p * VEC), v);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float d = v[j] - s.k;
+        s.s1 += d;
+        s.s2 += d * d;
+      }
+      s.n += VEC;
+    });
+    return s;
+  }
+
   // par: the block's staged slices of w and b, or null (then they are read from global memory).
   template <typename Reduce>
   __device__ static void row(const Args& a, const T* const* in, const W* const* par,
@@ -503,13 +539,19 @@ struct NormFwdStaged {
   template <int kBatch, typename Reduce>
   __device__ static void normalize(const Args& a, const T* x, const W* w, const W* b,
                                    const row_stage::Slice& sl, Reduce&& reduce) {
-    float mu = 0.f;
-    if constexpr (!kRms) {
-      auto value = [](float v) { return v; };
-      mu = reduce(row_stage::fold<VEC>(x, sl, 0.f, value, SumOp()), SumOp()) / a.cols;
+    float mu = 0.f, q;
+    if constexpr (kShiftedSums) {
+      const ShiftedSums s = shifted_sums(x, sl);
+      mu = reduce(s.sum(), SumOp()) / a.cols;
+      q = s.squared_deviations(mu);
+    } else {
+      if constexpr (!kRms) {
+        auto value = [](float v) { return v; };
+        mu = reduce(row_stage::fold<VEC>(x, sl, 0.f, value, SumOp()), SumOp()) / a.cols;
+      }
+      auto square = [mu](float v) { return (v - mu) * (v - mu); };
+      q = row_stage::fold<VEC>(x, sl, 0.f, square, SumOp());
     }
-    auto square = [mu](float v) { return (v - mu) * (v - mu); };
-    const float q = row_stage::fold<VEC>(x, sl, 0.f, square, SumOp());
     const float rs = acc_rsqrt(reduce(q, SumOp()) / a.cols + a.eps);
     if (sl.lead) {
       if constexpr (!kRms) a.mean[sl.row] = mu;
