@@ -575,8 +575,9 @@ def _plan_chain(module: torch.nn.Module, opts) -> _Plan | None:
 
 
 # The widest hidden layers swap gives FullyFusedMLP, by activation: where it was ahead of eager in
-# every measured cell (H100, README). GELUs (erf, tanh) up to 128: at 2^18 and 2^21 rows,
-# inference 1.97-2.74x and training 1.55-1.88x eager (training since 1.56-2.64x at 2^21 rows).
+# every measured cell (H100, bench/MEASUREMENTS.md). GELUs (erf, tanh) up to 128: at 2^18 and
+# 2^21 rows, inference 1.97-2.74x and training 1.55-1.88x eager (training since 1.56-2.64x at 2^21
+# rows).
 # ReLU up to 64: not measured wider since the kernels' last changes (at 128, an older build's
 # GELU training step was 0.90x eager).
 _FULLY_FUSED_MAX_HIDDEN = {"gelu": 128, "gelu_tanh": 128}
