@@ -221,32 +221,6 @@ def test_cpu_warmup_waits_for_calls_to_settle():
     assert bench.measure(t, torch.device("cpu"), quick=True, warmup_s=0.01) < 0.02
 
 
-def test_cpu_providers_are_timed_in_turn(monkeypatch):
-    # Once both have warmed up, the providers' timed calls alternate (the order reversed every
-    # other turn), so that a slow spell of the machine falls on both; one that raises is a
-    # missing cell with its error, and the other is still timed.
-    monkeypatch.setattr(bench, "CPU_WARMUP_SECONDS", 0.0)
-    calls = []
-
-    def provider(name, fail_after=None):
-        def call(x):
-            calls.append(name)
-            if fail_after is not None and len(calls) > fail_after:
-                raise RuntimeError("out of memory")
-            return x
-
-        return bench.Timed(call, [(torch.zeros(1),)], grad=False, nbytes=4)
-
-    errors = {}
-    times = bench.measure_in_turn({"a": provider("a"), "b": provider("b")}, True, errors)
-    timed_calls = calls[-6:]  # quick: three turns of one call each
-    assert timed_calls == ["a", "b", "b", "a", "a", "b"]
-    assert set(times) == {"a", "b"} and not errors
-    calls.clear()
-    times = bench.measure_in_turn({"a": provider("a"), "b": provider("b", 3)}, True, errors)
-    assert list(times) == ["a"] and "out of memory" in errors["b"]
-
-
 def test_mlp_rounds():
     result = bench_mlp.run(
         dims=[16],

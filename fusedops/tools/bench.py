@@ -18,9 +18,8 @@ same medians. On the CPU the 2 GiB copy streams through DRAM while the smaller s
 cache, so those can exceed 100% of it: there % of copy compares with DRAM speed, not a roof.
 --rounds N times each cell's providers in turn N times on inputs prepared once and reports the
 median round: a slow spell of the machine then falls on every provider, not on whichever ran
-during it. On the CPU each round also takes the providers' batches in turn (measure_in_turn),
-each provider having warmed up for CPU_WARMUP_SECONDS and then until its calls settle (see
-SETTLED).
+during it (on CPU each provider also warms up for CPU_WARMUP_SECONDS first, then until its
+calls settle: see SETTLED).
 
 Host cost (on unless --no-host): microseconds per call on tiny tensors (HOST_SHAPE): each op
 forward and forward+backward and each module, fusedops beside torch's equivalent; back-to-back
@@ -434,13 +433,10 @@ CPU_SETTLE_MAX_SECONDS = 10.0
 SETTLED = 1.25
 
 
-def _warm_up(
-    t: Timed, device: torch.device, quick: bool, warmup_s: float
-) -> tuple[Callable[[], None], int]:
-    """t's step() (one call, on the next input set), after a warm-up that compiles and touches
-    every set (and goes on for warmup_s seconds, then until a call is within SETTLED of the
-    fastest), and the calls per timed batch."""
-    warmup, _, target = _plan(device, quick)
+def measure(t: Timed, device: torch.device, quick: bool = False, warmup_s: float = 0.0) -> float:
+    """Median seconds per call of t, after a warm-up that compiles and touches every set (and
+    goes on for warmup_s seconds, then until a call is within SETTLED of the fastest)."""
+    warmup, reps, target = _plan(device, quick)
     it = itertools.cycle(t.sets)  # one cycle throughout: no set is used twice in a row
     # Outputs stay alive for a whole rotation, so the allocator hands each call a different
     # output buffer: writes rotate through memory like the reads do.
@@ -468,46 +464,7 @@ def _warm_up(
         batch = 1
         if target:  # enough calls per batch to fill `target`, from one timed call
             batch = min(1000, max(1, math.ceil(target / _per_call(step, 1, 1, device))))
-    return step, batch
-
-
-def measure(t: Timed, device: torch.device, quick: bool = False, warmup_s: float = 0.0) -> float:
-    """Median seconds per call of t over its timed batches, after _warm_up."""
-    step, batch = _warm_up(t, device, quick, warmup_s)
-    with torch.set_grad_enabled(t.grad), _on(t.stream):
-        return _per_call(step, batch, _plan(device, quick)[1], device)
-
-
-def measure_in_turn(
-    timed: dict[str, Timed], quick: bool, errors: dict[str, str]
-) -> dict[str, float]:
-    """CPU: median seconds per call of each provider's Timed, their batches taken in turn (the
-    order reversed every other turn) once each has warmed up. A shared machine's slow spells last
-    seconds, longer than a cell's batches of one provider: timed one provider after the other, a
-    spell fell on whichever ran during it (softmax forward fp32 1024x131072, fusedops' three
-    rounds 212 / 178 / 152 ms against torch's 155-165, where call by call in turn fusedops read
-    149-155 and torch 153-159: bench/results/cpu-softmax-fwd-long-rows-alternating-ede94e9.txt).
-    A provider that raises gets its error in `errors` and no time."""
-    cpu = torch.device("cpu")
-    steps, times = {}, {}
-    for p, t in timed.items():
-        try:
-            steps[p] = _warm_up(t, cpu, quick, CPU_WARMUP_SECONDS)
-            times[p] = []
-        except Exception as e:  # a failed provider is a missing cell, not a failed run
-            errors[p] = _error(e)
-    order = list(steps)
-    for turn in range(_plan(cpu, quick)[1]):
-        for p in order if turn % 2 == 0 else order[::-1]:
-            if p in errors:
-                continue
-            step, batch = steps[p]
-            try:
-                with torch.set_grad_enabled(timed[p].grad):
-                    times[p].append(_per_call(step, batch, 1, cpu))
-            except Exception as e:
-                errors[p] = _error(e)
-    return {p: statistics.median(v) for p, v in times.items() if p not in errors}
+        return _per_call(step, batch, reps, device)
 
 
 # Replays per timed batch of measure_device: ~200 calls, but at most this long (200 calls of the
@@ -805,24 +762,6 @@ def run(
         dev_rounds = {p: [] for p in us_rounds}
         kept = {}  # with several rounds, each provider's inputs, prepared once
         for _ in range(rounds):
-            if device.type == "cpu":  # every provider's inputs at once, their calls in turn
-                timed = {}
-                for p in us_rounds:
-                    if p in cell["errors"]:
-                        continue
-                    try:
-                        timed[p] = kept.get(p) or prepare(
-                            spec, pass_, p, rows, n, DTYPES[dt], device
-                        )
-                    except Exception as e:
-                        cell["errors"][p] = _error(e)
-                    else:
-                        if rounds > 1:
-                            kept[p] = timed[p]
-                for p, s in measure_in_turn(timed, quick, cell["errors"]).items():
-                    us_rounds[p].append(s * 1e6)
-                timed = None
-                continue
             for p in us_rounds:
                 if p in cell["errors"]:
                     continue
@@ -831,7 +770,8 @@ def run(
                     timed = kept.get(p) or prepare(spec, pass_, p, rows, n, DTYPES[dt], device)
                     if rounds > 1:
                         kept[p] = timed
-                    us_rounds[p].append(measure(timed, device, quick) * 1e6)
+                    warmup_s = CPU_WARMUP_SECONDS if device.type == "cpu" else 0.0
+                    us_rounds[p].append(measure(timed, device, quick, warmup_s) * 1e6)
                 except Exception as e:  # a failed provider is a missing cell, not a failed run
                     cell["errors"][p] = _error(e)
                     kept.pop(p, None)
