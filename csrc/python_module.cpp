@@ -169,7 +169,7 @@ PyMethodDef direct(const char* name) {
 PyMethodDef methods[] = {
     direct<&softmax_fwd_op>("softmax"),   direct<&layer_norm_fwd_op>("layer_norm"),
     direct<&rms_norm_fwd_op>("rms_norm"), direct<&bias_gelu_fwd_op>("bias_gelu"),
-    {nullptr, nullptr, 0, nullptr},
+    direct<&mlp_fwd_op>("fused_mlp"),     {nullptr, nullptr, 0, nullptr},
 };
 
 }  // namespace

@@ -60,6 +60,7 @@ _softmax_fwd = ops.softmax_fwd.default
 _layer_norm_fwd = ops.layer_norm_fwd.default
 _rms_norm_fwd = ops.rms_norm_fwd.default
 _bias_gelu_fwd = ops.bias_gelu_fwd.default
+_mlp_fwd = ops.mlp_fwd.default
 
 
 def softmax(input: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -217,18 +218,21 @@ def fused_mlp(
     the GELU output there, in the backward's own GELU pass (CUDA): less memory kept between
     forward and backward for one extra write in the backward.
     """
+    # pre (and act, unless recomputed) are kept only where a gradient will be asked for
+    save_pre = torch.is_grad_enabled() and any(
+        getattr(t, "requires_grad", False) for t in (x, w1, b1, w2, b2)
+    )
+    save_act = save_pre and not recompute_activation
+    if not _is_compiling():
+        out = _C.fused_mlp(x, w1, b1, w2, b2, approximate, save_pre, save_act)
+        if out is not NotImplemented:
+            return out
     for arg, value in (("x", x), ("w1", w1), ("w2", w2)):
         _tensor("fused_mlp", arg, value)
     _optional_tensor("fused_mlp", "b1", b1)
     _optional_tensor("fused_mlp", "b2", b2)
     _approximate("fused_mlp", approximate)
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, w1, b1, w2, b2)
-    )
-    out, _, _ = ops.mlp_fwd.default(
-        x, w1, b1, w2, b2, approximate, needs_grad, needs_grad and not recompute_activation
-    )
-    return out
+    return _mlp_fwd(x, w1, b1, w2, b2, approximate, save_pre, save_act)[0]
 
 
 def fully_fused_mlp(

@@ -17,11 +17,14 @@ OPS = {
     "layer_norm": torch.ops.fusedops.layer_norm_fwd.default,
     "rms_norm": torch.ops.fusedops.rms_norm_fwd.default,
     "bias_gelu": torch.ops.fusedops.bias_gelu_fwd.default,
+    "fused_mlp": torch.ops.fusedops.mlp_fwd.default,
 }
 
 
 def _calls(x, w, b):
     """name -> (the public function's call, _C's direct call with the op's arguments)."""
+    w1 = torch.outer(torch.linspace(-1, 1, 16, device=w.device), w)
+    w2 = w1.t().contiguous()
     return {
         "softmax": (lambda: fusedops.softmax(x, -1), (_C.softmax, (x, -1, False))),
         "log_softmax": (lambda: fusedops.log_softmax(x, 0), (_C.softmax, (x, 0, True))),
@@ -31,6 +34,11 @@ def _calls(x, w, b):
         ),
         "rms_norm": (lambda: fusedops.rms_norm(x, [8], w), (_C.rms_norm, (x, [8], w, None))),
         "bias_gelu": (lambda: fusedops.bias_gelu(x, b, "tanh"), (_C.bias_gelu, (x, b, "tanh"))),
+        # hidden 16: w1 [16, 8], w2 [8, 16]; pre and act saved, as a call needing gradients
+        "fused_mlp": (
+            lambda: fusedops.fused_mlp(x, w1, None, w2, b, "tanh"),
+            (_C.fused_mlp, (x, w1, None, w2, b, "tanh", True, True)),
+        ),
     }
 
 
@@ -79,6 +87,8 @@ def test_direct_call_declines_what_it_does_not_take(device):
         (_C.layer_norm, (x, (8,), w.tolist(), b, 1e-5)),  # not a tensor
         (_C.rms_norm, (x, (8.0,), w, None)),
         (_C.bias_gelu, (x, b, None)),
+        (_C.fused_mlp, (x, b, None, b, None, "none", 1, False)),  # an int for the bool save_pre
+        (_C.fused_mlp, (x.tolist(), b, None, b, None, "none", False, False)),
     ]
     for direct, args in declined:
         assert direct(*args) is NotImplemented, args

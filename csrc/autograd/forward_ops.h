@@ -25,4 +25,11 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_fwd_op(const at::Tensor& input,
 at::Tensor bias_gelu_fwd_op(const at::Tensor& input, const at::Tensor& bias,
                             c10::string_view approximate);
 
+// out, and pre / act where save_pre / save_act (what the backward takes).
+using MlpFwdOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+MlpFwdOutputs mlp_fwd_op(const at::Tensor& x, const at::Tensor& w1,
+                         const std::optional<at::Tensor>& b1, const at::Tensor& w2,
+                         const std::optional<at::Tensor>& b2, c10::string_view approximate,
+                         bool save_pre, bool save_act);
+
 }  // namespace fusedops

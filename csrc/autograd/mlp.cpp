@@ -26,6 +26,19 @@ at::Tensor bias_gelu_fwd_op(const at::Tensor& input, const at::Tensor& bias,
   return op.call(input, bias, approximate);
 }
 
+MlpFwdOutputs mlp_fwd_op(const at::Tensor& x, const at::Tensor& w1,
+                         const std::optional<at::Tensor>& b1, const at::Tensor& w2,
+                         const std::optional<at::Tensor>& b2, c10::string_view approximate,
+                         bool save_pre, bool save_act) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fusedops::mlp_fwd", "")
+          .typed<MlpFwdOutputs(const at::Tensor&, const at::Tensor&,
+                               const std::optional<at::Tensor>&, const at::Tensor&,
+                               const std::optional<at::Tensor>&, c10::string_view, bool, bool)>();
+  return op.call(x, w1, b1, w2, b2, approximate, save_pre, save_act);
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -43,19 +56,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_bwd_op(const at::Tensor& grad_outpu
   return op.call(grad_output, input, bias, approximate);
 }
 
-using MlpFwdOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using MlpBwdOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-MlpFwdOutputs mlp_fwd_op(const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1,
-                         const at::Tensor& w2, const OptTensor& b2, c10::string_view approximate,
-                         bool save_pre, bool save_act) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("fusedops::mlp_fwd", "")
-                       .typed<MlpFwdOutputs(const at::Tensor&, const at::Tensor&, const OptTensor&,
-                                            const at::Tensor&, const OptTensor&, c10::string_view,
-                                            bool, bool)>();
-  return op.call(x, w1, b1, w2, b2, approximate, save_pre, save_act);
-}
 
 MlpBwdOutputs mlp_bwd_op(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& w1,
                          const at::Tensor& w2, const at::Tensor& pre, const at::Tensor& act,
