@@ -220,7 +220,7 @@ def fused_mlp(
     """
     # pre (and act, unless recomputed) are kept only where a gradient will be asked for
     save_pre = torch.is_grad_enabled() and any(
-        getattr(t, "requires_grad", False) for t in (x, w1, b1, w2, b2)
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (x, w1, b1, w2, b2)
     )
     save_act = save_pre and not recompute_activation
     if not _is_compiling():
