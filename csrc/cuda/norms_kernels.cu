@@ -459,6 +459,15 @@ struct NormFwdStaged {
   // layer_norm's rows under 4 KB lost staged even where they made many blocks (H100, bf16 % of
   // copy against its register tier: 65536x1024 89.3 -> 86.7, 32768x1024 85.2 -> 78.1).
   static constexpr int kMinRowBytes = kRms ? 2 << 10 : row_stage::kShortRowBytes;
+  // fp32 rows the register tiers ran faster on an H200 (kernel-only % of copy, staged -> register
+  // tiers, two rounds each): layer_norm 65536x1024 92.4 / 92.5 -> 95.8 / 95.8 (8 KB rows level,
+  // 16 KB 95.0 -> 93.4); rms_norm 65536x1024 93.4 / 93.5 -> 96.1 / 96.1, 16384x4096 93.4 / 93.3 ->
+  // 94.3 / 94.4, 8192x8192 92.5 / 92.4 -> 93.9 / 93.9 (8 KB level). Only where the rows make many
+  // blocks: at 4096x1024 (a wave of staged blocks) they lost, layer_norm 66.2 / 66.4 -> 63.3 /
+  // 63.4, rms_norm 62.4 / 72.2 -> 57.9 / 63.4. 16-bit rows lost in the register tiers (layer_norm
+  // 3-5 points, rms_norm 1-2 but at 4 KB +1.5): they stay staged.
+  // bench/results/h200-norm-fwd-register-tiers.txt.
+  static constexpr int kFastDramRegisterRowBytes = sizeof(T) != 4 ? 0 : kRms ? 32 << 10 : 4 << 10;
 
   static constexpr int kInputs = 1;
   __device__ static const T* input(const Args& a, int) { return a.x; }

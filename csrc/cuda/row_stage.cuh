@@ -94,6 +94,9 @@ struct Defaults {
   static constexpr int kGroupBytes = row_stage::kGroupBytes;  // rows of a block, at most
   // kBytesPerThread and kGroupBytes where fast_dram() (0: the same).
   static constexpr int kFastDramBytesPerThread = 0, kFastDramGroupBytes = 0;
+  // Where fast_dram() and the rows make many blocks (as short rows must), rows of kShortRowBytes
+  // up to this many bytes are left to the register tiers (0: none).
+  static constexpr int kFastDramRegisterRowBytes = 0;
   using Param = T;
   static constexpr int kParams = 0;
   static constexpr bool kParamsInClusters = false;  // params staged beside cluster slices (plan())
@@ -282,11 +285,14 @@ Plan plan(int64_t rows, int64_t cols, int vec, int max_ranks, const DeviceInfo& 
   const Plan none{0, 0, 0, 0, 0, 0};
   const int64_t row_bytes = cols * int64_t(sizeof(typename Policy::T));
   if (dev.cc_major < 9 || row_bytes < Policy::kMinRowBytes) return none;
-  if (row_bytes < kShortRowBytes &&
-      rows * row_bytes < int64_t(kShortRowWaves) * kMinBlocksPerSm * dev.sm_count * kGroupBytes) {
+  const bool fast = fast_dram(dev);
+  const bool many_blocks =
+      rows * row_bytes >= int64_t(kShortRowWaves) * kMinBlocksPerSm * dev.sm_count * kGroupBytes;
+  if (row_bytes < kShortRowBytes && !many_blocks) return none;
+  if (fast && many_blocks && row_bytes >= kShortRowBytes &&
+      row_bytes <= Policy::kFastDramRegisterRowBytes) {
     return none;
   }
-  const bool fast = fast_dram(dev);
   const int bytes_per_thread = fast && Policy::kFastDramBytesPerThread > 0
                                    ? Policy::kFastDramBytesPerThread
                                    : Policy::kBytesPerThread;
