@@ -52,8 +52,12 @@ def test_demo_smoke(device, tmp_path, monkeypatch, capsys):
     )
     assert res["swap"]["swapped"] == 5  # ln1, softmax, ln2, mlp, final norm
     check = res["check"]
-    assert check["within_rule"] and check["predictions_changed"] == 0
-    assert check["accuracy_before"] == check["accuracy_after"]
+    assert check["within_rule"]
+    # fp32 swaps change no prediction; in bf16 (CUDA) the barely trained model's near-ties may
+    # flip: at most 1% of the 360 test digits, and accuracy moves by no more than the flips
+    changed = check["predictions_changed"]
+    assert changed == 0 if res["dtype"] == "float32" else changed <= 3
+    assert abs(check["accuracy_before"] - check["accuracy_after"]) <= changed / 360 + 1e-6
     for when in ("before", "after"):
         for phase in ("inference", "training"):
             p = res["profile"][when][phase]
