@@ -573,9 +573,10 @@ def test_cuda_rows_grouped_per_block(dtype, cols, op):
 @pytest.mark.parametrize("op", OPS)
 def test_cuda_fp32_rows_of_many_blocks(cols, op):
     """fp32 rows of 4-32 KB past the short rows' threshold (3 waves x 4 blocks x 32 KB per SM):
-    where DRAM is fast (H100, H200) layer_norm's 4 KB rows and rms_norm's up to 32 KB take the
-    forward's register tiers instead of the staged engine (a grid of many waves), elsewhere the
-    staged engine's groups: either way every row is checked, the 3 past the threshold included."""
+    where DRAM is fast (an H200, not an H100 SXM) layer_norm's 4 KB rows and rms_norm's up to
+    32 KB take the forward's register tiers instead of the staged engine (a grid of many waves),
+    elsewhere the staged engine's groups: either way every row is checked, the 3 past the
+    threshold included."""
     sms = torch.cuda.get_device_properties("cuda").multi_processor_count
     x = torch.randn(3 * 4 * sms * (32 << 10) // (cols * 4) + 3, cols, device="cuda")
     _check(op, x, [cols], *_params(op, "same", cols, torch.float32, "cuda"), 1e-5, grad=False)
